@@ -1,0 +1,5 @@
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    plugin::run(&plugin::Cli::parse())
+}
