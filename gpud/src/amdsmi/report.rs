@@ -1,8 +1,8 @@
 //! What one AMD SMI probe found, in a transport-neutral, serialisable form.
 //!
 //! The probe runs in a child process (see `child.rs`), which prints one
-//! [`AmdSmiReport`] as JSON on stdout; the parent decodes it. Everything in
-//! here is plain data: no handles, no pointers.
+//! [`ProbeOutcome`] as JSON on stdout: an [`AmdSmiReport`] or a [`ProbeFailure`].
+//! The parent decodes it. Everything in here is plain data: no handles, no pointers.
 
 use serde::{Deserialize, Serialize};
 
@@ -127,4 +127,38 @@ pub struct CallError {
     pub status: u32,
     /// Symbolic name, e.g. `"BUSY"`.
     pub status_name: String,
+}
+
+/// The one JSON document the probe child prints on stdout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ProbeOutcome {
+    /// `{"outcome":"ok","report":{...}}`
+    Ok { report: AmdSmiReport },
+    /// `{"outcome":"error","error":{"kind":"...",...}}`
+    Error { error: ProbeFailure },
+}
+
+/// Why the child could not produce a report; the parent turns it into the matching
+/// `AmdSmiError` variant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ProbeFailure {
+    /// The child was told not to load anything.
+    Disabled,
+    /// No candidate library file or soname could be found.
+    NotFound { tried: Vec<String> },
+    /// `dlopen` failed; `reason` is its message verbatim.
+    Load { library: String, reason: String },
+    /// A required symbol is absent, or an optional one the enumeration needs.
+    MissingSymbol { library: String, symbol: String },
+    /// `amdsmi_get_lib_version` returned a first word of no known ABI family.
+    UnknownVersion { library: String, word: u32 },
+    /// Version query, init or enumeration returned a non-SUCCESS status.
+    Status {
+        call: String,
+        device: Option<String>,
+        status: u32,
+        name: String,
+    },
 }

@@ -1,0 +1,540 @@
+//! Parent side: runs the probe helper, enforces the timeout, decodes its one JSON document.
+
+use std::io::{self, Read};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, info_span, warn};
+
+use super::report::{AmdSmiReport, ProbeOutcome};
+use super::{AmdSmiConfig, AmdSmiError, LIB_DIR_ENV, LibrarySource, probe_args};
+
+/// Most stdout we keep (a report for 64 partitions is well under 1 MiB).
+const MAX_STDOUT: u64 = 16 << 20;
+/// Most stderr we keep; the rest is drained and dropped.
+const MAX_STDERR: u64 = 1 << 20;
+/// How much of stderr goes into `HelperFailed`.
+const STDERR_TAIL: usize = 4096;
+/// How long to wait for pipes to close once the helper is gone.
+const PIPE_GRACE: Duration = Duration::from_secs(2);
+/// How long to wait for a SIGKILLed helper to be reaped before leaving it to a thread.
+const REAP_GRACE: Duration = Duration::from_secs(2);
+const POLL: Duration = Duration::from_millis(5);
+
+/// What a finished helper left behind.
+struct Finished {
+    status: ExitStatus,
+    stdout: Result<Vec<u8>, String>,
+    stderr: Vec<u8>,
+}
+
+pub fn probe(cfg: &AmdSmiConfig) -> Result<AmdSmiReport, AmdSmiError> {
+    let library = describe(cfg);
+    let span = info_span!("probe", library = %library);
+    let _entered = span.enter();
+    if cfg.library == LibrarySource::Disabled {
+        info!("AMD SMI disabled");
+        return Err(AmdSmiError::Disabled);
+    }
+    let finished = run_helper(cfg, &library)?;
+    for line in String::from_utf8_lossy(&finished.stderr).lines() {
+        debug!(target: "gpud::amdsmi::helper", "{line}");
+    }
+    let result = decode(finished, &library);
+    match &result {
+        Ok(report) => info!(
+            layout = %report.layout,
+            processors = report.processors.len(),
+            call_errors = report.errors.len(),
+            "AMD SMI probe done"
+        ),
+        Err(err) => warn!(error = %err, "AMD SMI probe failed"),
+    }
+    result
+}
+
+/// A short operator-facing description of where the child will look for the library.
+fn describe(cfg: &AmdSmiConfig) -> String {
+    match &cfg.library {
+        LibrarySource::Disabled => "disabled".to_owned(),
+        LibrarySource::Path(path) => path.display().to_string(),
+        LibrarySource::Search { dirs } => {
+            // The child inherits our environment plus `child_env`, which wins.
+            let env_dir = cfg.child_env.iter().rev().find(|(k, _)| k == LIB_DIR_ENV);
+            let env_dir = env_dir
+                .map(|(_, v)| v.clone())
+                .or_else(|| std::env::var_os(LIB_DIR_ENV));
+            let env_dir = env_dir.filter(|d| !d.is_empty()).map(PathBuf::from);
+            let dirs: Vec<String> = env_dir
+                .iter()
+                .chain(dirs)
+                .map(|d| d.display().to_string())
+                .collect();
+            if dirs.is_empty() {
+                "search (loader path)".to_owned()
+            } else {
+                format!("search {} (then loader path)", dirs.join(":"))
+            }
+        }
+    }
+}
+
+fn run_helper(cfg: &AmdSmiConfig, library: &str) -> Result<Finished, AmdSmiError> {
+    let Some((program, lead)) = cfg.helper.split_first() else {
+        let source = io::Error::new(io::ErrorKind::InvalidInput, "no helper program configured");
+        return Err(AmdSmiError::HelperSpawn {
+            program: String::new(),
+            source,
+        });
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(lead)
+        .args(probe_args(&cfg.library))
+        .envs(cfg.child_env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    debug!(?cmd, "spawning the AMD SMI probe helper");
+    let program = program.to_string_lossy().into_owned();
+    let mut child = cmd
+        .spawn()
+        .map_err(|source| AmdSmiError::HelperSpawn { program, source })?;
+    let stdout = read_pipe(child.stdout.take(), MAX_STDOUT);
+    let stderr = read_pipe(child.stderr.take(), MAX_STDERR);
+    let status = match wait_until(&mut child, Instant::now() + cfg.timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            let pid = child.id();
+            warn!(pid, after = ?cfg.timeout, "AMD SMI probe helper timed out; killing it");
+            kill_and_reap(child);
+            warn_stderr(
+                &stderr
+                    .recv_timeout(PIPE_GRACE)
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default(),
+            );
+            return Err(AmdSmiError::HelperTimeout {
+                library: library.to_owned(),
+                after: cfg.timeout,
+            });
+        }
+        Err(err) => {
+            kill_and_reap(child);
+            let reason = format!("cannot wait for the helper: {err}");
+            return Err(AmdSmiError::HelperOutput {
+                library: library.to_owned(),
+                reason,
+            });
+        }
+    };
+    let stdout = match stdout.recv_timeout(PIPE_GRACE) {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(err)) => Err(format!("cannot read its stdout: {err}")),
+        Err(_) => Err("its stdout stayed open after it exited".to_owned()),
+    };
+    let stderr = stderr
+        .recv_timeout(PIPE_GRACE)
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    Ok(Finished {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Reads a pipe to its end on a thread, keeping at most `limit` bytes.
+fn read_pipe(
+    pipe: Option<impl Read + Send + 'static>,
+    limit: u64,
+) -> Receiver<io::Result<Vec<u8>>> {
+    let (tx, rx) = mpsc::channel();
+    let Some(mut pipe) = pipe else {
+        // Cannot happen with Stdio::piped(); an absent pipe reads as empty.
+        let _unsent = tx.send(Ok(Vec::new()));
+        return rx;
+    };
+    thread::spawn(move || {
+        let mut kept = Vec::new();
+        let read = (&mut pipe)
+            .take(limit)
+            .read_to_end(&mut kept)
+            .and_then(|_| io::copy(&mut pipe, &mut io::sink()))
+            .map(|_| kept);
+        // The receiver may have given up already; nothing to do then.
+        let _unsent = tx.send(read);
+    });
+    rx
+}
+
+/// Polls the child until it exits (`Some`) or `deadline` passes (`None`).
+fn wait_until(child: &mut Child, deadline: Instant) -> io::Result<Option<ExitStatus>> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        thread::sleep(POLL.min(deadline - now));
+    }
+}
+
+/// SIGKILLs the child and reaps it. A child stuck in the kernel (D state on a wedged GPU)
+/// cannot die until its syscall returns, so after a grace period a thread takes over reaping.
+fn kill_and_reap(mut child: Child) {
+    if let Err(err) = child.kill() {
+        warn!(error = %err, "cannot kill the AMD SMI probe helper");
+    }
+    match wait_until(&mut child, Instant::now() + REAP_GRACE) {
+        Ok(Some(status)) => debug!(%status, "AMD SMI probe helper reaped"),
+        Ok(None) => {
+            warn!(
+                pid = child.id(),
+                "killed AMD SMI probe helper is stuck; reaping it in the background"
+            );
+            thread::spawn(move || child.wait());
+        }
+        Err(err) => warn!(error = %err, "cannot reap the AMD SMI probe helper"),
+    }
+}
+
+/// Parses the child's document: the whole output, else the last line that parses (the
+/// library may print to stdout before or after it).
+fn parse_outcome(stdout: &[u8]) -> Result<ProbeOutcome, String> {
+    let text = String::from_utf8_lossy(stdout);
+    let text = text.trim();
+    if text.is_empty() {
+        return Err("it printed nothing".to_owned());
+    }
+    serde_json::from_str(text).or_else(|whole| {
+        text.lines()
+            .rev()
+            .filter(|line| line.trim_start().starts_with('{'))
+            .find_map(|line| serde_json::from_str(line).ok())
+            .ok_or_else(|| format!("its output is not a probe result: {whole}"))
+    })
+}
+
+fn decode(finished: Finished, library: &str) -> Result<AmdSmiReport, AmdSmiError> {
+    let outcome = finished.stdout.and_then(|out| parse_outcome(&out));
+    if let Some(signal) = finished.status.signal() {
+        let signal_name = signal_name(signal);
+        match outcome {
+            Ok(outcome) => {
+                warn!(
+                    signal_name,
+                    "AMD SMI probe helper died after writing its result; using it"
+                );
+                return into_result(outcome);
+            }
+            Err(_) => {
+                warn_stderr(&finished.stderr);
+                return Err(AmdSmiError::HelperKilled {
+                    library: library.to_owned(),
+                    signal,
+                    signal_name,
+                });
+            }
+        }
+    }
+    match (outcome, finished.status.code()) {
+        (Ok(outcome), _) => into_result(outcome),
+        (Err(reason), Some(0)) => Err(AmdSmiError::HelperOutput {
+            library: library.to_owned(),
+            reason,
+        }),
+        (Err(_), code) => Err(AmdSmiError::HelperFailed {
+            library: library.to_owned(),
+            code: code.unwrap_or(-1),
+            stderr: tail(&finished.stderr),
+        }),
+    }
+}
+
+fn into_result(outcome: ProbeOutcome) -> Result<AmdSmiReport, AmdSmiError> {
+    match outcome {
+        ProbeOutcome::Ok { report } => Ok(report),
+        ProbeOutcome::Error { error } => Err(error.into()),
+    }
+}
+
+/// Logs what a helper that hung or crashed last wrote on stderr (its own logs).
+fn warn_stderr(stderr: &[u8]) {
+    let tail = tail(stderr);
+    if !tail.is_empty() {
+        warn!(stderr = %tail, "last output of the AMD SMI probe helper");
+    }
+}
+
+/// The last `STDERR_TAIL` bytes of stderr, trimmed.
+fn tail(stderr: &[u8]) -> String {
+    let start = stderr.len().saturating_sub(STDERR_TAIL);
+    String::from_utf8_lossy(stderr.get(start..).unwrap_or_default())
+        .trim()
+        .to_owned()
+}
+
+/// Conventional name of a Linux signal number.
+pub fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        libc::SIGSYS => "SIGSYS",
+        other => return format!("signal {other}"),
+    };
+    name.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::path::Path;
+
+    use super::*;
+    use crate::amdsmi::report::{LibVersion, ProbeFailure};
+    use crate::amdsmi::{ProbeArgs, run_probe_command};
+
+    /// A helper that runs `script` under `/bin/sh` (the probe arguments become `$1...`).
+    fn sh(script: &str, env: &[(&str, &str)], timeout: Duration) -> AmdSmiConfig {
+        AmdSmiConfig {
+            library: LibrarySource::Path("/opt/rocm/lib/libamd_smi.so.26".into()),
+            helper: vec!["/bin/sh".into(), "-c".into(), script.into(), "sh".into()],
+            timeout,
+            child_env: env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+                .collect(),
+        }
+    }
+
+    fn report() -> AmdSmiReport {
+        AmdSmiReport {
+            library: "/opt/rocm/lib/libamd_smi.so.26".into(),
+            version: LibVersion {
+                year: None,
+                major: 26,
+                minor: 1,
+                release: 0,
+                build: None,
+            },
+            layout: "7.0".into(),
+            processors: vec![],
+            errors: vec![],
+        }
+    }
+
+    fn doc(outcome: &ProbeOutcome) -> String {
+        serde_json::to_string(outcome).unwrap()
+    }
+
+    const PRINT_DOC: &str = r#"printf '%s\n' "$DOC""#;
+    const SHORT: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn a_valid_report_is_returned() {
+        let d = doc(&ProbeOutcome::Ok { report: report() });
+        let got = probe(&sh(PRINT_DOC, &[("DOC", &d)], SHORT)).unwrap();
+        assert_eq!(got, report());
+    }
+
+    #[test]
+    fn noise_before_the_document_is_skipped() {
+        let d = doc(&ProbeOutcome::Ok { report: report() });
+        let script =
+            r#"echo "rsmi: chatter"; printf 'partial'; printf '\n%s\n' "$DOC"; echo '{bye'"#;
+        assert_eq!(probe(&sh(script, &[("DOC", &d)], SHORT)).unwrap(), report());
+    }
+
+    #[test]
+    fn a_child_failure_becomes_the_same_typed_error() {
+        let failure = ProbeFailure::Status {
+            call: "amdsmi_init".into(),
+            device: None,
+            status: 18,
+            name: "INIT_ERROR".into(),
+        };
+        let d = doc(&ProbeOutcome::Error { error: failure });
+        let err = probe(&sh(&format!("{PRINT_DOC}; exit 1"), &[("DOC", &d)], SHORT)).unwrap_err();
+        let AmdSmiError::Status {
+            call, status, name, ..
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!(
+            (call.as_str(), *status, name.as_str()),
+            ("amdsmi_init", 18, "INIT_ERROR")
+        );
+    }
+
+    #[test]
+    fn the_real_child_output_round_trips() {
+        let args = ProbeArgs {
+            library: Some("/nonexistent/libamd_smi.so".into()),
+            ..ProbeArgs::default()
+        };
+        let mut out = Vec::new();
+        let code = run_probe_command(&args, &mut out);
+        let d = String::from_utf8(out).unwrap();
+        let script = format!("{PRINT_DOC}; exit {code}");
+        let err = probe(&sh(&script, &[("DOC", &d)], SHORT)).unwrap_err();
+        let AmdSmiError::Load { library, reason } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(library, "/nonexistent/libamd_smi.so");
+        assert!(reason.contains("No such file"), "{reason}");
+    }
+
+    #[test]
+    fn garbage_output_is_a_helper_output_error() {
+        let err = probe(&sh("echo 'this is not json'", &[], SHORT)).unwrap_err();
+        let AmdSmiError::HelperOutput { library, reason } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(library, "/opt/rocm/lib/libamd_smi.so.26");
+        assert!(reason.contains("not a probe result"), "{reason}");
+    }
+
+    #[test]
+    fn a_failing_helper_reports_code_stderr_and_got_the_probe_args() {
+        let err = probe(&sh(r#"echo "args: $*" >&2; exit 3"#, &[], SHORT)).unwrap_err();
+        let AmdSmiError::HelperFailed { code, stderr, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(*code, 3);
+        assert_eq!(
+            stderr,
+            "args: amdsmi-probe --library /opt/rocm/lib/libamd_smi.so.26"
+        );
+    }
+
+    #[test]
+    fn a_hanging_helper_is_killed_and_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let pidfile_str = pidfile.to_str().unwrap();
+        let script = r#"echo $$ > "$PIDFILE"; exec sleep 600"#;
+        let start = Instant::now();
+        let cfg = sh(
+            script,
+            &[("PIDFILE", pidfile_str)],
+            Duration::from_millis(500),
+        );
+        let err = probe(&cfg).unwrap_err();
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "took {:?}",
+            start.elapsed()
+        );
+        let AmdSmiError::HelperTimeout { after, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(*after, Duration::from_millis(500));
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        let proc_dir = format!("/proc/{}", pid.trim());
+        // Reaped, so the pid is gone (or, in the unlikely event of reuse, no longer our sleep).
+        let cmdline = std::fs::read(Path::new(&proc_dir).join("cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("sleep"),
+            "helper {pid} still alive"
+        );
+    }
+
+    #[test]
+    fn a_helper_killed_by_sigabrt_names_the_signal() {
+        let err = probe(&sh("kill -ABRT $$", &[], SHORT)).unwrap_err();
+        let AmdSmiError::HelperKilled {
+            signal,
+            signal_name,
+            ..
+        } = &err
+        else {
+            panic!("{err:?}")
+        };
+        assert_eq!(*signal, 6);
+        assert_eq!(signal_name, "SIGABRT");
+        assert!(err.to_string().contains("SIGABRT (6)"), "{err}");
+    }
+
+    #[test]
+    fn a_document_written_before_a_crash_at_exit_is_used() {
+        let d = doc(&ProbeOutcome::Ok { report: report() });
+        let script = format!("{PRINT_DOC}; kill -SEGV $$");
+        assert_eq!(
+            probe(&sh(&script, &[("DOC", &d)], SHORT)).unwrap(),
+            report()
+        );
+    }
+
+    #[test]
+    fn spawn_failures_name_the_program() {
+        let mut cfg = sh("", &[], SHORT);
+        cfg.helper = vec!["/nonexistent/amd-gpud".into()];
+        let err = probe(&cfg).unwrap_err();
+        let AmdSmiError::HelperSpawn { program, source } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(program, "/nonexistent/amd-gpud");
+        assert_eq!(source.kind(), io::ErrorKind::NotFound);
+        cfg.helper.clear();
+        assert!(matches!(probe(&cfg), Err(AmdSmiError::HelperSpawn { .. })));
+    }
+
+    #[test]
+    fn disabled_spawns_nothing() {
+        let mut cfg = sh("exit 99", &[], SHORT);
+        cfg.library = LibrarySource::Disabled;
+        assert!(matches!(probe(&cfg), Err(AmdSmiError::Disabled)));
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(signal_name(libc::SIGSEGV), "SIGSEGV");
+        assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
+        assert_eq!(signal_name(64), "signal 64");
+    }
+
+    #[test]
+    fn sources_are_described_for_operators() {
+        let mut cfg = sh("", &[("AMDSMI_LIB_DIR", "")], SHORT);
+        assert_eq!(describe(&cfg), "/opt/rocm/lib/libamd_smi.so.26");
+        cfg.library = LibrarySource::Search {
+            dirs: vec!["/opt/rocm/lib".into(), "/usr/lib".into()],
+        };
+        assert_eq!(
+            describe(&cfg),
+            "search /opt/rocm/lib:/usr/lib (then loader path)"
+        );
+        cfg.child_env = vec![("AMDSMI_LIB_DIR".into(), "/env".into())];
+        assert_eq!(
+            describe(&cfg),
+            "search /env:/opt/rocm/lib:/usr/lib (then loader path)"
+        );
+        cfg.library = LibrarySource::Search { dirs: vec![] };
+        cfg.child_env = vec![("AMDSMI_LIB_DIR".into(), "".into())];
+        assert_eq!(describe(&cfg), "search (loader path)");
+    }
+}

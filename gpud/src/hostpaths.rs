@@ -1,0 +1,89 @@
+//! The one value that says where the host's file systems are.
+//!
+//! Every module that touches the host takes a [`HostPaths`] and builds its
+//! paths from it; nothing in the logic names `/sys`, `/dev`, `/proc` or the
+//! cgroup mount directly. Tests and `--host-root` point all four roots into a
+//! fake tree.
+
+use std::path::{Path, PathBuf};
+
+/// Roots of the host file systems `amd-gpud` reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    /// sysfs mount (`/sys` on a host).
+    pub sys: PathBuf,
+    /// devtmpfs (`/dev`).
+    pub dev: PathBuf,
+    /// procfs (`/proc`).
+    pub proc: PathBuf,
+    /// cgroup v2 mount (`/sys/fs/cgroup`).
+    pub cgroup: PathBuf,
+}
+
+impl HostPaths {
+    /// All roots under `root`: `root/sys`, `root/dev`, `root/proc`,
+    /// `root/sys/fs/cgroup`. `HostPaths::under("/")` is the real host.
+    pub fn under(root: impl AsRef<Path>) -> Self {
+        let root = root.as_ref();
+        let sys = root.join("sys");
+        Self {
+            cgroup: sys.join("fs").join("cgroup"),
+            dev: root.join("dev"),
+            proc: root.join("proc"),
+            sys,
+        }
+    }
+
+    /// KFD topology directory: `<sys>/class/kfd/kfd/topology`.
+    pub fn kfd_topology(&self) -> PathBuf {
+        self.sys.join("class/kfd/kfd/topology")
+    }
+
+    /// PCI device directory of `bdf` (`dddd:bb:dd.f`): `<sys>/bus/pci/devices/<bdf>`.
+    pub fn pci_device(&self, bdf: &str) -> PathBuf {
+        self.sys.join("bus/pci/devices").join(bdf)
+    }
+
+    /// DRM class directory: `<sys>/class/drm`.
+    pub fn drm_class(&self) -> PathBuf {
+        self.sys.join("class/drm")
+    }
+
+    /// A device node under `<dev>`, e.g. `dri/renderD128` or `kfd`.
+    pub fn dev_node(&self, name: &str) -> PathBuf {
+        self.dev.join(name)
+    }
+}
+
+impl Default for HostPaths {
+    fn default() -> Self {
+        Self::under("/")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_root_moves_under_the_host_root() {
+        let p = HostPaths::under("/tmp/node");
+        assert_eq!(p.sys, Path::new("/tmp/node/sys"));
+        assert_eq!(p.dev, Path::new("/tmp/node/dev"));
+        assert_eq!(p.proc, Path::new("/tmp/node/proc"));
+        assert_eq!(p.cgroup, Path::new("/tmp/node/sys/fs/cgroup"));
+        assert_eq!(
+            p.kfd_topology(),
+            Path::new("/tmp/node/sys/class/kfd/kfd/topology")
+        );
+        assert_eq!(
+            p.pci_device("0000:05:00.0"),
+            Path::new("/tmp/node/sys/bus/pci/devices/0000:05:00.0")
+        );
+    }
+
+    #[test]
+    fn default_is_the_real_host() {
+        assert_eq!(HostPaths::default().sys, Path::new("/sys"));
+    }
+}

@@ -1,0 +1,224 @@
+//! From KFD GPU nodes to physical GPUs with partitions.
+//!
+//! Partitions of one GPU share `domain`, bus, device and `unique_id`; the
+//! function bits of `location_id` carry the partition index. Two groups that
+//! claim the same PCI address cannot both be real: the later one is skipped
+//! and reported.
+
+use std::collections::BTreeMap;
+
+use super::{Gpu, Partition, restore::RestoreProps};
+use crate::{
+    drm::{self, RenderParent},
+    gfx::GfxTarget,
+    hostpaths::HostPaths,
+    pci::PciAddress,
+    topology::{KfdNode, Topology},
+};
+
+/// A GPU node that could be described.
+struct GpuNode<'a> {
+    node: &'a KfdNode,
+    address: PciAddress,
+    unique_id: u64,
+    compute_units: u32,
+    vram_bytes: u64,
+}
+
+/// Builds the physical GPUs of `topology`, ordered by PCI address.
+pub(super) fn gpus(topology: &Topology, paths: &HostPaths, warnings: &mut Vec<String>) -> Vec<Gpu> {
+    let mut groups: BTreeMap<(PciAddress, u64), Vec<GpuNode<'_>>> = BTreeMap::new();
+    for node in topology.nodes.iter().filter(|n| n.is_gpu()) {
+        match describe(node) {
+            Ok(gpu_node) => {
+                let key = (gpu_node.address.with_function(0), gpu_node.unique_id);
+                groups.entry(key).or_default().push(gpu_node);
+            }
+            Err(reason) => warnings.push(format!("KFD node {} skipped: {reason}", node.index)),
+        }
+    }
+    let missing_gpu_id = topology.nodes.iter().filter(|n| n.gpu_id.is_none()).count();
+    if missing_gpu_id > 0 {
+        warnings.push(format!(
+            "{missing_gpu_id} KFD nodes have no gpu_id file under {}; CPU and GPU nodes told apart by simd_count",
+            topology.path.display()
+        ));
+    }
+    let mut gpus: Vec<Gpu> = Vec::with_capacity(groups.len());
+    let mut claimed: BTreeMap<PciAddress, u32> = BTreeMap::new();
+    let mut ordered: Vec<Vec<GpuNode<'_>>> = groups.into_values().collect();
+    ordered.sort_by_key(|g| g.first().map(|n| n.node.index));
+    for group in ordered {
+        let gpu = build_gpu(group, topology, paths, warnings);
+        if let Some(first) = claimed.get(&gpu.bdf) {
+            let nodes: Vec<String> = gpu.partitions.iter().map(|p| p.kfd_node.to_string()).collect();
+            warnings.push(format!(
+                "KFD node(s) {} skipped: they claim PCI address {} already described by KFD node {first} \
+                 but report another unique_id ({})",
+                nodes.join(","),
+                gpu.bdf,
+                gpu.unique_id
+            ));
+            continue;
+        }
+        claimed.insert(gpu.bdf, gpu.partitions.first().map_or(0, |p| p.kfd_node));
+        gpus.push(gpu);
+    }
+    gpus.sort_by_key(|g| g.bdf);
+    gpus
+}
+
+fn describe(node: &KfdNode) -> Result<GpuNode<'_>, String> {
+    let p = &node.properties;
+    let location = p.get("location_id").ok_or("its properties have no location_id")?;
+    let address = PciAddress::from_kfd(p.get_or_zero("domain"), location)
+        .ok_or_else(|| format!("domain/location_id {}/{location} is not a PCI address", p.get_or_zero("domain")))?;
+    let simd_count = p.get_or_zero("simd_count");
+    let simd_per_cu = p.get_or_zero("simd_per_cu");
+    if simd_per_cu == 0 {
+        return Err(format!("simd_per_cu is missing or 0 (simd_count {simd_count})"));
+    }
+    let compute_units = u32::try_from(simd_count / simd_per_cu)
+        .map_err(|_| format!("simd_count {simd_count} is out of range"))?;
+    let banks: u64 = node.mem_banks.iter().filter(|b| b.is_vram()).map(|b| b.size_in_bytes).sum();
+    // Old kernels have no frame-buffer bank but fill local_mem_size; modern ones print 0 there.
+    let vram_bytes = if banks > 0 { banks } else { p.get_or_zero("local_mem_size") };
+    Ok(GpuNode {
+        node,
+        address,
+        unique_id: p.get_or_zero("unique_id"),
+        compute_units,
+        vram_bytes,
+    })
+}
+
+fn build_gpu(
+    mut group: Vec<GpuNode<'_>>,
+    topology: &Topology,
+    paths: &HostPaths,
+    warnings: &mut Vec<String>,
+) -> Gpu {
+    let partitioned = group.len() > 1;
+    group.sort_by_key(|n| (n.address.function, n.node.index));
+    let first = &group[0];
+    let bdf = if partitioned { first.address.with_function(0) } else { first.address };
+    let pci = drm::read_pci_device(paths, bdf).unwrap_or_default();
+    let p = &first.node.properties;
+    let gfx = GfxTarget::from_kfd(p.get_or_zero("gfx_target_version")).or_else(|| {
+        let fallback = GfxTarget::from_pci_device_id(p.get_or_zero("device_id"));
+        warnings.push(format!(
+            "GPU {bdf}: KFD node {} has no gfx_target_version; gfx {} from PCI device id {:#06x}",
+            first.node.index,
+            fallback.map_or_else(|| "unknown".to_owned(), |g| g.to_string()),
+            p.get_or_zero("device_id")
+        ));
+        fallback
+    });
+    let partitions = partitions(&group, partitioned, bdf, paths, warnings);
+    let kfd_vram: u64 = group.iter().map(|n| n.vram_bytes).sum();
+    let unique_id = first.unique_id;
+    let gpu = Gpu {
+        bdf,
+        rocr_uuid: (unique_id != 0).then(|| format!("GPU-{unique_id:016x}")),
+        unique_id,
+        gfx,
+        compute_units: partitions.iter().map(|p| p.compute_units).sum(),
+        cus_per_wgp: gfx.map_or(1, GfxTarget::cus_per_wgp),
+        vram_bytes: pci.vram_total.unwrap_or(kfd_vram),
+        numa_node: pci.numa_node.or_else(|| linked_cpu_node(first.node, topology)),
+        market_name: None,
+        amdsmi_uuid: None,
+        compute_partition: pci.compute_partition.clone().or_else(|| inferred_mode(&group)),
+        memory_partition: pci.memory_partition.clone(),
+        available_compute_partitions: pci.available_compute_partitions.clone(),
+        available_memory_partitions: pci.available_memory_partitions.clone(),
+        vendor_id: p.get_or_zero("vendor_id"),
+        device_id: p.get_or_zero("device_id"),
+        hive_id: p.get_or_zero("hive_id"),
+        partition_profile: None,
+        partition_profiles: Vec::new(),
+        partitions,
+        links: Vec::new(),
+    };
+    if let Some(vendor) = pci.vendor.filter(|v| *v != 0x1002) {
+        warnings.push(format!("GPU {bdf}: PCI vendor is {vendor:#06x}, not AMD (0x1002)"));
+    }
+    gpu
+}
+
+fn partitions(
+    group: &[GpuNode<'_>],
+    partitioned: bool,
+    bdf: PciAddress,
+    paths: &HostPaths,
+    warnings: &mut Vec<String>,
+) -> Vec<Partition> {
+    let mut out: Vec<Partition> = Vec::with_capacity(group.len());
+    for n in group {
+        let index = if partitioned { u32::from(n.address.function) } else { 0 };
+        if let Some(other) = out.iter().find(|p| p.index == index) {
+            warnings.push(format!(
+                "KFD node {} skipped: partition {index} of GPU {bdf} is already KFD node {}",
+                n.node.index, other.kfd_node
+            ));
+            continue;
+        }
+        let p = &n.node.properties;
+        let render_minor = p.get("drm_render_minor").and_then(|m| u32::try_from(m).ok());
+        let render = render_minor.and_then(|m| drm::read_render_node(paths, m));
+        out.push(Partition {
+            index,
+            kfd_node: n.node.index,
+            gpu_id: n.node.gpu_id,
+            render_minor,
+            card_minor: render.as_ref().and_then(|r| r.card_minor),
+            bdf: n.address,
+            compute_units: n.compute_units,
+            num_xcc: u32::try_from(p.get("num_xcc").unwrap_or(1)).unwrap_or(1),
+            vram_bytes: n.vram_bytes,
+            xcp: render.and_then(|r| match r.parent {
+                RenderParent::Xcp(k) => Some(k),
+                _ => None,
+            }),
+            restore: RestoreProps::from_node(n.node),
+        });
+    }
+    out
+}
+
+/// When KFD gave no per-partition VRAM, share the whole GPU's equally.
+pub(super) fn fill_partition_vram(gpu: &mut Gpu) {
+    let count = u64::try_from(gpu.partitions.len()).unwrap_or(1).max(1);
+    for part in &mut gpu.partitions {
+        if part.vram_bytes == 0 {
+            part.vram_bytes = gpu.vram_bytes / count;
+        }
+    }
+}
+
+/// The partition mode KFD implies when sysfs and AMD SMI say nothing: one node
+/// per XCC is CPX; otherwise the node count names the mode.
+fn inferred_mode(group: &[GpuNode<'_>]) -> Option<String> {
+    let xcc = group[0].node.properties.get("num_xcc").unwrap_or(1);
+    let mode = match group.len() {
+        0 | 1 => return None,
+        _ if xcc == 1 => "CPX",
+        2 => "DPX",
+        3 => "TPX",
+        4 => "QPX",
+        _ => "CPX",
+    };
+    Some(mode.to_owned())
+}
+
+/// NUMA node from KFD: an APU node is its own; a dGPU's is the CPU node its
+/// first link to a CPU node points to.
+pub(super) fn linked_cpu_node(node: &KfdNode, topology: &Topology) -> Option<u32> {
+    if node.has_cpu_cores() {
+        return Some(node.index);
+    }
+    node.io_links.iter().find_map(|link| {
+        let peer = topology.node(link.node_to)?;
+        (!peer.is_gpu() || peer.has_cpu_cores()).then_some(peer.index)
+    })
+}

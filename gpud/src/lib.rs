@@ -1,0 +1,16 @@
+//! `amd-gpud`: the privileged half of the AMD GPU sharing stack.
+//!
+//! It alone touches the hardware and the host. This library holds the whole
+//! daemon so tests run it in-process; `main.rs` only parses the command line.
+
+pub mod amdsmi;
+pub mod cli;
+pub mod drm;
+pub mod gfx;
+pub mod hostpaths;
+pub mod inspect;
+pub mod inventory;
+pub mod pci;
+pub mod topology;
+
+pub use hostpaths::HostPaths;

@@ -1,0 +1,7 @@
+//! Cross-process tests, fake host roots, and the tools that run the stack without a GPU.
+//!
+//! [`fixture`] writes fake host roots (KFD topology, DRM/PCI sysfs, `/dev` nodes and the
+//! fake AMD SMI library's JSON fixture) for named machine shapes.
+
+pub mod fake_amdsmi;
+pub mod fixture;

@@ -1,0 +1,123 @@
+//! Helpers shared by the integration tests of this crate.
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::{
+    ffi::OsString,
+    io::Read,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpud::{
+    HostPaths,
+    amdsmi::{AmdSmiConfig, LibrarySource},
+    inventory::Inventory,
+};
+use serde_json::Value;
+
+/// The `fake-node` binary; `fake-node gpud ...` is amd-gpud's command line.
+pub fn fake_node_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fake-node"))
+}
+
+/// A real KFD capture from `../shared/fixtures/kfd/<name>`, when present.
+pub fn shared_capture(name: &str) -> Option<PathBuf> {
+    let dir = tests::fake_amdsmi::workspace_root().join("../shared/fixtures/kfd").join(name);
+    dir.is_dir().then(|| dir.canonicalize().ok()).flatten()
+}
+
+/// Every capture folder in `../shared/fixtures/kfd/`.
+pub fn shared_captures() -> Vec<String> {
+    let dir = tests::fake_amdsmi::workspace_root().join("../shared/fixtures/kfd");
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("nodes").is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
+}
+
+/// AMD SMI through the fake library driven by `fixture`, probed by a child
+/// `fake-node gpud amdsmi-probe`.
+pub fn fake_amdsmi(fixture: &Path, timeout: Duration) -> AmdSmiConfig {
+    AmdSmiConfig {
+        library: LibrarySource::Path(tests::fake_amdsmi::library().to_path_buf()),
+        helper: vec![fake_node_exe().into_os_string(), OsString::from("gpud")],
+        timeout,
+        child_env: vec![(OsString::from("FAKE_AMDSMI_FIXTURE"), fixture.as_os_str().to_owned())],
+    }
+}
+
+/// AMD SMI switched off.
+pub fn no_amdsmi() -> AmdSmiConfig {
+    AmdSmiConfig {
+        library: LibrarySource::Disabled,
+        helper: Vec::new(),
+        timeout: Duration::from_secs(1),
+        child_env: Vec::new(),
+    }
+}
+
+/// The inventory of the host root `root`.
+pub fn inventory(root: &Path, amdsmi: &AmdSmiConfig) -> Inventory {
+    gpud::cli::inventory_with(&HostPaths::under(root), amdsmi).expect("inventory")
+}
+
+/// The inventory as JSON with machine-specific paths replaced, for snapshots.
+pub fn redacted(inventory: &Inventory, replace: &[(&Path, &str)]) -> Value {
+    let mut text = serde_json::to_string_pretty(inventory).expect("serialise");
+    for (path, with) in replace {
+        text = text.replace(&path.display().to_string(), with);
+    }
+    let lib = tests::fake_amdsmi::library().display().to_string();
+    text = text.replace(&lib, "<fake libamd_smi.so>");
+    serde_json::from_str(&text).expect("reparse")
+}
+
+/// Runs `cmd` to completion within `limit`, killing it otherwise.
+pub fn run_with_timeout(mut cmd: Command, limit: Duration) -> (i32, String, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).map(|_| s)
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        stderr.read_to_string(&mut s).map(|_| s)
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{cmd:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code().unwrap_or(-1),
+        out.join().expect("join").expect("read stdout"),
+        err.join().expect("join").expect("read stderr"),
+    )
+}
+
+/// `amd-gpud inspect --host-root ROOT --amdsmi none --json`, as a process.
+pub fn inspect_cli_json(root: &Path) -> Value {
+    let mut cmd = Command::new(fake_node_exe());
+    cmd.args(["gpud", "inspect", "--amdsmi", "none", "--json", "--host-root"]).arg(root);
+    let (code, stdout, stderr) = run_with_timeout(cmd, Duration::from_secs(60));
+    assert_eq!(code, 0, "inspect failed: {stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("inspect printed no JSON ({e}): {stdout}"))
+}
