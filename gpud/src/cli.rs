@@ -124,6 +124,8 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
         Command::Inspect(args) => {
             let inventory = load_inventory(&args.host, helper)?;
             if args.json {
+                // The table lists warnings itself; with JSON they go to the log too.
+                inventory.warnings.iter().for_each(|w| tracing::warn!("{w}"));
                 inspect::write_json(&inventory, out)?;
             } else {
                 inspect::write_table(&inventory, out)?;

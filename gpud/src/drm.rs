@@ -74,7 +74,8 @@ pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceIn
 /// Reads `<sys>/class/drm/renderD<minor>`; `None` when it does not exist.
 pub fn read_render_node(paths: &HostPaths, minor: u32) -> Option<RenderNodeInfo> {
     let node = paths.drm_class().join(format!("renderD{minor}"));
-    let target = fs::read_link(node.join("device")).ok()?;
+    // Resolve the whole chain: kernels and fake trees spell the link differently.
+    let target = fs::canonicalize(node.join("device")).ok()?;
     let parent_name = target.file_name()?.to_string_lossy().into_owned();
     let parent = if let Some(k) = xcp_index(&parent_name) {
         RenderParent::Xcp(k)

@@ -2,6 +2,10 @@
 //! host roots that hold nothing but the KFD topology (as a capture nobody here
 //! has seen would be), through the `amd-gpud inspect` command line.
 
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
 mod common;
 
 use std::path::Path;
@@ -31,6 +35,7 @@ fn redact(mut v: Value, root: &Path) -> Value {
             *w = Value::String(w.as_str().unwrap_or_default().replace(&root, "<root>"));
         }
     }
+    common::compact(&mut v);
     v
 }
 
@@ -44,13 +49,16 @@ fn mi300x_cpx_capture_is_eight_gpus_of_eight_partitions() {
     sorted.sort_unstable();
     assert_eq!(bdfs, sorted, "GPUs ordered by PCI address");
     assert_eq!(bdfs[0], "0000:05:00.0");
-    for gpu in gpus {
+    // 8 GPUs x 8 XCPs would need 64 render minors; only 63 fit, so the
+    // capture (like the kernel) lacks the last partition of the last GPU.
+    for (g, gpu) in gpus.iter().enumerate() {
+        let count = if g == 7 { 7 } else { 8 };
         assert_eq!(gpu["gfx"], "gfx942");
         assert_eq!(gpu["cus_per_wgp"], 1);
-        assert_eq!(gpu["compute_units"], 8 * 38);
+        assert_eq!(gpu["compute_units"], count * 38);
         assert_eq!(gpu["compute_partition"], "CPX");
         let parts = gpu["partitions"].as_array().unwrap();
-        assert_eq!(parts.len(), 8);
+        assert_eq!(parts.len(), count);
         for (i, part) in parts.iter().enumerate() {
             assert_eq!(part["index"], i);
             assert_eq!(part["compute_units"], 38);
@@ -65,6 +73,11 @@ fn mi300x_cpx_capture_is_eight_gpus_of_eight_partitions() {
     assert_eq!(first["partitions"][0]["render_minor"], 128);
     assert_eq!(first["numa_node"], 0);
     assert_eq!(gpus[7]["numa_node"], 1);
+    let warnings = v["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w.as_str().unwrap().contains("GPU 0000:e5:00.0: KFD shows 7 partitions")),
+        "{warnings:?}"
+    );
     let xgmi = first["links"].as_array().unwrap();
     assert_eq!(xgmi.len(), 7);
     assert!(xgmi.iter().all(|l| l["link_type"] == "xgmi" && l["hops"] == 1), "{xgmi:?}");

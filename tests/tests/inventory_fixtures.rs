@@ -1,6 +1,10 @@
 //! The inventory of every builder fixture, with DRM/PCI sysfs and the fake AMD
 //! SMI (7.x layout), and again from the KFD topology alone.
 
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -49,23 +49,45 @@ pub(super) fn gpus(topology: &Topology, paths: &HostPaths, warnings: &mut Vec<St
     let mut ordered: Vec<Vec<GpuNode<'_>>> = groups.into_values().collect();
     ordered.sort_by_key(|g| g.first().map(|n| n.node.index));
     for group in ordered {
-        let gpu = build_gpu(group, topology, paths, warnings);
-        if let Some(first) = claimed.get(&gpu.bdf) {
-            let nodes: Vec<String> = gpu.partitions.iter().map(|p| p.kfd_node.to_string()).collect();
+        let (first, partitioned) = (&group[0], group.len() > 1);
+        let bdf = if partitioned { first.address.with_function(0) } else { first.address };
+        if let Some(owner) = claimed.get(&bdf) {
+            let nodes: Vec<String> = group.iter().map(|n| n.node.index.to_string()).collect();
             warnings.push(format!(
-                "KFD node(s) {} skipped: they claim PCI address {} already described by KFD node {first} \
-                 but report another unique_id ({})",
+                "KFD node(s) {} skipped: they claim PCI address {bdf} already described by KFD node \
+                 {owner} but report another unique_id ({})",
                 nodes.join(","),
-                gpu.bdf,
-                gpu.unique_id
+                first.unique_id
             ));
             continue;
         }
-        claimed.insert(gpu.bdf, gpu.partitions.first().map_or(0, |p| p.kfd_node));
-        gpus.push(gpu);
+        claimed.insert(bdf, first.node.index);
+        gpus.push(build_gpu(group, topology, paths, warnings));
     }
     gpus.sort_by_key(|g| g.bdf);
+    warn_missing_partitions(&gpus, warnings);
     gpus
+}
+
+/// GPUs of one model in one partition mode have the same number of
+/// partitions; fewer means KFD left some out (a node with more partitions
+/// than DRM render minors, 64, loses the last ones).
+fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
+    for gpu in gpus.iter().filter(|g| g.compute_partition.is_some()) {
+        let siblings = gpus
+            .iter()
+            .filter(|o| o.device_id == gpu.device_id && o.compute_partition == gpu.compute_partition);
+        let expected = siblings.map(|o| o.partitions.len()).max().unwrap_or(0);
+        if gpu.partitions.len() < expected {
+            warnings.push(format!(
+                "GPU {}: KFD shows {} partitions where other GPUs of the same model in {} show {expected}; \
+                 the kernel may have run out of DRM render minors",
+                gpu.bdf,
+                gpu.partitions.len(),
+                gpu.compute_partition.as_deref().unwrap_or("?"),
+            ));
+        }
+    }
 }
 
 fn describe(node: &KfdNode) -> Result<GpuNode<'_>, String> {

@@ -151,9 +151,6 @@ pub fn discover(
             cpu_cores: n.properties.get_or_zero("cpu_cores_count"),
         })
         .collect();
-    for warning in &warnings {
-        tracing::warn!("{warning}");
-    }
     Ok(Inventory {
         gpus,
         cpus,
