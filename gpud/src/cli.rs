@@ -51,10 +51,20 @@ pub struct HostArgs {
     pub host_root: Option<PathBuf>,
     /// AMD SMI library: `auto` (search the ROCm directories and the loader
     /// path), `none` (sysfs only), or the path of a libamd_smi.so.
-    #[arg(long, env = "GPUD_AMDSMI", default_value = "auto", value_name = "PATH|auto|none")]
+    #[arg(
+        long,
+        env = "GPUD_AMDSMI",
+        default_value = "auto",
+        value_name = "PATH|auto|none"
+    )]
     pub amdsmi: String,
     /// Seconds the AMD SMI probe may take before it is killed.
-    #[arg(long, env = "GPUD_AMDSMI_TIMEOUT", default_value_t = 30, value_name = "SECS")]
+    #[arg(
+        long,
+        env = "GPUD_AMDSMI_TIMEOUT",
+        default_value_t = 30,
+        value_name = "SECS"
+    )]
     pub amdsmi_timeout: u64,
 }
 
@@ -69,7 +79,9 @@ pub struct InspectArgs {
 
 impl HostArgs {
     pub fn host_paths(&self) -> HostPaths {
-        self.host_root.as_ref().map_or_else(HostPaths::default, HostPaths::under)
+        self.host_root
+            .as_ref()
+            .map_or_else(HostPaths::default, HostPaths::under)
     }
 
     pub fn library_source(&self) -> LibrarySource {
@@ -100,7 +112,11 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Err(err) => {
             // Help and version are not errors; clap knows which is which.
             let _ = err.print();
-            return if err.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if err.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     init_tracing(&cli.log);
@@ -125,7 +141,10 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
             let inventory = load_inventory(&args.host, helper)?;
             if args.json {
                 // The table lists warnings itself; with JSON they go to the log too.
-                inventory.warnings.iter().for_each(|w| tracing::warn!("{w}"));
+                inventory
+                    .warnings
+                    .iter()
+                    .for_each(|w| tracing::warn!("{w}"));
                 inspect::write_json(&inventory, out)?;
             } else {
                 inspect::write_table(&inventory, out)?;

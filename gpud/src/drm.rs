@@ -58,7 +58,9 @@ pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceIn
     let text = |name: &str| read_trimmed(&dir.join(name));
     Some(PciDeviceInfo {
         vendor: text("vendor").and_then(|v| parse_hex(&v)),
-        numa_node: text("numa_node").and_then(|v| v.parse::<i64>().ok()).and_then(|v| u32::try_from(v).ok()),
+        numa_node: text("numa_node")
+            .and_then(|v| v.parse::<i64>().ok())
+            .and_then(|v| u32::try_from(v).ok()),
         vram_total: text("mem_info_vram_total").and_then(|v| v.parse().ok()),
         compute_partition: text("current_compute_partition").map(|v| v.to_ascii_uppercase()),
         available_compute_partitions: text("available_compute_partition")
@@ -148,7 +150,10 @@ mod tests {
 
     #[test]
     fn mode_lists_are_split_and_upper_cased() {
-        assert_eq!(split_modes("SPX, dpx,QPX, CPX\n"), ["SPX", "DPX", "QPX", "CPX"]);
+        assert_eq!(
+            split_modes("SPX, dpx,QPX, CPX\n"),
+            ["SPX", "DPX", "QPX", "CPX"]
+        );
         assert!(split_modes("").is_empty());
     }
 
@@ -163,10 +168,18 @@ mod tests {
         fs::write(pci.join("numa_node"), "-1\n").unwrap();
         fs::write(pci.join("current_compute_partition"), "cpx\n").unwrap();
         fs::create_dir_all(dir.path().join("sys/bus/pci/devices")).unwrap();
-        symlink("../../../devices/pci0000:00/0000:05:00.0", dir.path().join("sys/bus/pci/devices/0000:05:00.0")).unwrap();
+        symlink(
+            "../../../devices/pci0000:00/0000:05:00.0",
+            dir.path().join("sys/bus/pci/devices/0000:05:00.0"),
+        )
+        .unwrap();
         symlink("../../../0000:05:00.0", pci.join("drm/renderD131/device")).unwrap();
         fs::create_dir_all(paths.drm_class()).unwrap();
-        symlink("../../devices/pci0000:00/0000:05:00.0/drm/renderD131", paths.drm_class().join("renderD131")).unwrap();
+        symlink(
+            "../../devices/pci0000:00/0000:05:00.0/drm/renderD131",
+            paths.drm_class().join("renderD131"),
+        )
+        .unwrap();
 
         let info = read_pci_device(&paths, "0000:05:00.0".parse().unwrap()).unwrap();
         assert_eq!(info.vendor, Some(0x1002));

@@ -89,8 +89,14 @@ mod tests {
 
     #[test]
     fn old_kernels_fall_back_to_the_device_id() {
-        assert_eq!(GfxTarget::from_pci_device_id(0x6860).unwrap().to_string(), "gfx900");
-        assert_eq!(GfxTarget::from_pci_device_id(29857).unwrap().to_string(), "gfx942");
+        assert_eq!(
+            GfxTarget::from_pci_device_id(0x6860).unwrap().to_string(),
+            "gfx900"
+        );
+        assert_eq!(
+            GfxTarget::from_pci_device_id(29857).unwrap().to_string(),
+            "gfx942"
+        );
         assert_eq!(GfxTarget::from_pci_device_id(0x1234), None);
     }
 }

@@ -39,7 +39,11 @@ pub fn write_table(inventory: &Inventory, out: &mut dyn Write) -> io::Result<()>
         writeln!(out, "(no AMD GPU found)")?;
     }
     writeln!(out)?;
-    writeln!(out, "AMD SMI: {}: {}", inventory.amdsmi.state, inventory.amdsmi.detail)?;
+    writeln!(
+        out,
+        "AMD SMI: {}: {}",
+        inventory.amdsmi.state, inventory.amdsmi.detail
+    )?;
     if let Some(generation) = inventory.generation_id {
         writeln!(out, "KFD generation: {generation}")?;
     }

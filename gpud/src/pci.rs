@@ -105,7 +105,14 @@ mod tests {
     fn parses_what_it_prints_and_rejects_the_rest() {
         let a: PciAddress = "0000:c1:1f.7".parse().unwrap();
         assert_eq!(a.to_string(), "0000:c1:1f.7");
-        for bad in ["", "0000:05:00", "0000:5:00.0", "0000:05:20.0", "0000:05:00.8", "zz:05:00.0"] {
+        for bad in [
+            "",
+            "0000:05:00",
+            "0000:5:00.0",
+            "0000:05:20.0",
+            "0000:05:00.8",
+            "zz:05:00.0",
+        ] {
             assert!(bad.parse::<PciAddress>().is_err(), "{bad}");
         }
     }

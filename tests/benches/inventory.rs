@@ -44,13 +44,30 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let (f50, i50) = (median(&mut floor), median(&mut inventory));
-    println!("| measure ({source}, {} files, {ROUNDS} interleaved rounds) | median | p90 |", files.len());
+    println!(
+        "| measure ({source}, {} files, {ROUNDS} interleaved rounds) | median | p90 |",
+        files.len()
+    );
     println!("|---|---|---|");
-    println!("| floor: open + read each file once | {} | {} |", ms(f50), ms(p90(&floor)));
-    println!("| `inventory::discover` (sysfs only) | {} | {} |", ms(i50), ms(p90(&inventory)));
-    println!("| ratio of medians (target <= 3.0) | {:.2} | |", i50.as_secs_f64() / f50.as_secs_f64());
+    println!(
+        "| floor: open + read each file once | {} | {} |",
+        ms(f50),
+        ms(p90(&floor))
+    );
+    println!(
+        "| `inventory::discover` (sysfs only) | {} | {} |",
+        ms(i50),
+        ms(p90(&inventory))
+    );
+    println!(
+        "| ratio of medians (target <= 3.0) | {:.2} | |",
+        i50.as_secs_f64() / f50.as_secs_f64()
+    );
     let rss = peak_rss_of_inspect(dir.path())?;
-    println!("| `amd-gpud inspect --json` peak RSS (release, target <= 10 MiB) | {:.1} MiB | |", rss);
+    println!(
+        "| `amd-gpud inspect --json` peak RSS (release, target <= 10 MiB) | {:.1} MiB | |",
+        rss
+    );
     Ok(())
 }
 
@@ -62,7 +79,10 @@ fn host_root(dir: &Path) -> anyhow::Result<(String, HostPaths)> {
         return Ok(("MI300X CPX capture".into(), HostPaths::under(dir)));
     }
     let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no mi300x-8-cpx"))?;
-    let opts = fixture::BuildOptions { drm: false, amdsmi_abi: None };
+    let opts = fixture::BuildOptions {
+        drm: false,
+        amdsmi_abi: None,
+    };
     fixture::build(&spec, dir, &opts)?;
     Ok(("builder mi300x-8-cpx".into(), HostPaths::under(dir)))
 }
@@ -113,7 +133,16 @@ fn peak_rss_of_inspect(root: &Path) -> anyhow::Result<f64> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(&ws)
-        .args(["build", "--quiet", "--release", "-p", "gpud", "--bin", "amd-gpud", "--target-dir"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "gpud",
+            "--bin",
+            "amd-gpud",
+            "--target-dir",
+        ])
         .arg(&target)
         .status()?;
     anyhow::ensure!(status.success(), "building amd-gpud failed: {status}");
@@ -124,7 +153,11 @@ fn peak_rss_of_inspect(root: &Path) -> anyhow::Result<f64> {
         .env(RSS_CHILD, target.join("release/amd-gpud"))
         .arg(root)
         .output()?;
-    anyhow::ensure!(output.status.success(), "inspect failed: {}", String::from_utf8_lossy(&output.stderr));
+    anyhow::ensure!(
+        output.status.success(),
+        "inspect failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let kib: f64 = String::from_utf8_lossy(&output.stdout).trim().parse()?;
     Ok(kib / 1024.0)
 }
@@ -134,12 +167,18 @@ const RSS_CHILD: &str = "BENCH_INSPECT_RSS_OF";
 /// In the re-executed copy: run `amd-gpud inspect` on the root in argv[1] and
 /// print its peak RSS in KiB.
 fn rss_child(gpud: &Path) -> anyhow::Result<()> {
-    let root = std::env::args_os().nth(1).ok_or_else(|| anyhow::anyhow!("no root"))?;
+    let root = std::env::args_os()
+        .nth(1)
+        .ok_or_else(|| anyhow::anyhow!("no root"))?;
     let output = Command::new(gpud)
         .args(["inspect", "--json", "--amdsmi", "none", "--host-root"])
         .arg(root)
         .output()?;
-    anyhow::ensure!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    anyhow::ensure!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?;
     println!("{}", usage.max_rss());
     Ok(())

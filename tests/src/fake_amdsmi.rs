@@ -7,7 +7,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
+    sync::Mutex,
 };
 
 /// The workspace root (the parent of this crate's directory).
@@ -17,26 +17,61 @@ pub fn workspace_root() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
-/// Path of the fake library, built on first use.
+/// Path of the fake library that exports every symbol (6.4 and later).
 ///
 /// # Panics
 /// When cargo cannot build it: every test that needs the library would fail
 /// anyway, and the panic says why.
 pub fn library() -> &'static Path {
-    static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
-    LIBRARY.get_or_init(|| build().unwrap_or_else(|err| panic!("fake libamd_smi.so: {err}")))
+    library_for("7.0")
 }
 
-fn build() -> Result<PathBuf, String> {
+/// Path of the fake library whose export table matches release `abi`
+/// (`"6.2"`, `"6.3"`, or anything later), built on first use.
+///
+/// # Panics
+/// As [`library`].
+pub fn library_for(abi: &str) -> &'static Path {
+    static BUILDS: Mutex<Vec<(&'static str, &'static Path)>> = Mutex::new(Vec::new());
+    let symbols = match abi {
+        "6.2" => "abi-6-2",
+        "6.3" => "abi-6-3",
+        _ => "all",
+    };
+    let mut builds = BUILDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = builds.iter().find(|(s, _)| *s == symbols) {
+        return path;
+    }
+    let path = build(symbols).unwrap_or_else(|err| panic!("fake libamd_smi.so ({symbols}): {err}"));
+    let path: &'static Path = Box::leak(path.into_boxed_path());
+    builds.push((symbols, path));
+    path
+}
+
+/// The ABI named by a fake-library fixture file (`"abi"`), if readable.
+pub fn fixture_abi(fixture: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(fixture).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+    value["abi"].as_str().map(str::to_owned)
+}
+
+fn build(symbols: &str) -> Result<PathBuf, String> {
     let root = workspace_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
         .join("fake-amdsmi");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(&cargo)
+    let mut command = Command::new(&cargo);
+    command
         .current_dir(&root)
         .args(["build", "--quiet", "-p", "fake-amdsmi", "--target-dir"])
-        .arg(&target)
+        .arg(&target);
+    if symbols != "all" {
+        command.args(["--features", symbols]);
+    }
+    let output = command
         .output()
         .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
     if !output.status.success() {
@@ -46,13 +81,9 @@ fn build() -> Result<PathBuf, String> {
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    let lib = target.join("debug").join("libamd_smi.so");
-    if lib.is_file() {
-        Ok(lib)
-    } else {
-        Err(format!(
-            "cargo built fake-amdsmi but {} is missing",
-            lib.display()
-        ))
-    }
+    // Each feature set is uplifted to the same file name: keep a copy per set.
+    let built = target.join("debug").join("libamd_smi.so");
+    let kept = target.join(format!("libamd_smi-{symbols}.so"));
+    std::fs::copy(&built, &kept).map_err(|e| format!("copying {}: {e}", built.display()))?;
+    Ok(kept)
 }

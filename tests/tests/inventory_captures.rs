@@ -41,7 +41,9 @@ fn redact(mut v: Value, root: &Path) -> Value {
 
 #[test]
 fn mi300x_cpx_capture_is_eight_gpus_of_eight_partitions() {
-    let Some((v, dir)) = inspect_capture("mi300x-8gpu-cpx") else { return };
+    let Some((v, dir)) = inspect_capture("mi300x-8gpu-cpx") else {
+        return;
+    };
     let gpus = gpus(&v);
     assert_eq!(gpus.len(), 8);
     let bdfs: Vec<&str> = gpus.iter().map(|g| g["bdf"].as_str().unwrap()).collect();
@@ -63,30 +65,45 @@ fn mi300x_cpx_capture_is_eight_gpus_of_eight_partitions() {
             assert_eq!(part["index"], i);
             assert_eq!(part["compute_units"], 38);
             let bdf = part["bdf"].as_str().unwrap();
-            assert!(bdf.ends_with(&format!(".{i}")), "{bdf} carries partition {i}");
+            assert!(
+                bdf.ends_with(&format!(".{i}")),
+                "{bdf} carries partition {i}"
+            );
         }
     }
     let first = &gpus[0];
     assert_eq!(first["unique_id"], "16404946649897475633");
-    assert_eq!(first["rocr_uuid"], format!("GPU-{:016x}", 16_404_946_649_897_475_633_u64));
+    assert_eq!(
+        first["rocr_uuid"],
+        format!("GPU-{:016x}", 16_404_946_649_897_475_633_u64)
+    );
     assert_eq!(first["partitions"][0]["kfd_node"], 2);
     assert_eq!(first["partitions"][0]["render_minor"], 128);
     assert_eq!(first["numa_node"], 0);
     assert_eq!(gpus[7]["numa_node"], 1);
     let warnings = v["warnings"].as_array().unwrap();
     assert!(
-        warnings.iter().any(|w| w.as_str().unwrap().contains("GPU 0000:e5:00.0: KFD shows 7 partitions")),
+        warnings.iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("GPU 0000:e5:00.0: KFD shows 7 partitions")),
         "{warnings:?}"
     );
     let xgmi = first["links"].as_array().unwrap();
     assert_eq!(xgmi.len(), 7);
-    assert!(xgmi.iter().all(|l| l["link_type"] == "xgmi" && l["hops"] == 1), "{xgmi:?}");
+    assert!(
+        xgmi.iter()
+            .all(|l| l["link_type"] == "xgmi" && l["hops"] == 1),
+        "{xgmi:?}"
+    );
     insta::assert_json_snapshot!("capture-mi300x-8gpu-cpx", redact(v, dir.path()));
 }
 
 #[test]
 fn mi210_capture_is_two_hives_of_four() {
-    let Some((v, dir)) = inspect_capture("mi210-8gpu-xgmi") else { return };
+    let Some((v, dir)) = inspect_capture("mi210-8gpu-xgmi") else {
+        return;
+    };
     let gpus = gpus(&v);
     assert_eq!(gpus.len(), 8);
     for gpu in gpus {
@@ -107,14 +124,19 @@ fn mi210_capture_is_two_hives_of_four() {
 
 #[test]
 fn two_kfd_nodes_claiming_one_pci_address_keep_the_first() {
-    let Some((v, dir)) = inspect_capture("one-gpu-copied") else { return };
+    let Some((v, dir)) = inspect_capture("one-gpu-copied") else {
+        return;
+    };
     let gpus = gpus(&v);
     assert_eq!(gpus.len(), 1, "{v:#}");
     let gpu = &gpus[0];
     assert_eq!(gpu["partitions"][0]["kfd_node"], 1);
     assert_eq!(gpu["unique_id"], "14073402507705256556");
     assert_eq!(gpu["compute_units"], 64);
-    assert_eq!(gpu["gfx"], "gfx900", "old kernel: gfx from the PCI device id");
+    assert_eq!(
+        gpu["gfx"], "gfx900",
+        "old kernel: gfx from the PCI device id"
+    );
     assert_eq!(gpu["vram_bytes"], 17_163_091_968_u64);
     let warnings = v["warnings"].as_array().unwrap();
     assert!(
@@ -130,7 +152,9 @@ fn two_kfd_nodes_claiming_one_pci_address_keep_the_first() {
 #[test]
 fn every_capture_inventories_without_panicking() {
     for name in common::shared_captures() {
-        let Some((v, _dir)) = inspect_capture(&name) else { continue };
+        let Some((v, _dir)) = inspect_capture(&name) else {
+            continue;
+        };
         assert!(!gpus(&v).is_empty(), "{name}: no GPU");
     }
 }

@@ -12,7 +12,10 @@ use std::time::Duration;
 use gpud::inventory::Inventory;
 use tests::fixture::{self, BuildOptions, NodeSpec};
 
-fn build(name: &str, opts: &BuildOptions) -> (NodeSpec, Inventory, serde_json::Value, tempfile::TempDir) {
+fn build(
+    name: &str,
+    opts: &BuildOptions,
+) -> (NodeSpec, Inventory, serde_json::Value, tempfile::TempDir) {
     let spec = fixture::named(name).unwrap_or_else(|| panic!("no fixture {name}"));
     let dir = tempfile::tempdir().unwrap();
     let node = fixture::build(&spec, dir.path(), opts).unwrap();
@@ -26,11 +29,17 @@ fn build(name: &str, opts: &BuildOptions) -> (NodeSpec, Inventory, serde_json::V
 }
 
 fn full() -> BuildOptions {
-    BuildOptions { drm: true, amdsmi_abi: Some("7.0".into()) }
+    BuildOptions {
+        drm: true,
+        amdsmi_abi: Some("7.0".into()),
+    }
 }
 
 fn kfd_only() -> BuildOptions {
-    BuildOptions { drm: false, amdsmi_abi: None }
+    BuildOptions {
+        drm: false,
+        amdsmi_abi: None,
+    }
 }
 
 /// What every fixture must round-trip: addresses, CUs, partitions, identity.
@@ -40,7 +49,12 @@ fn assert_matches_spec(spec: &NodeSpec, inv: &Inventory) {
     specs.sort_by_key(|g| g.bdf());
     for (gpu, want) in inv.gpus.iter().zip(specs) {
         assert_eq!(gpu.bdf.to_string(), want.bdf());
-        assert_eq!(gpu.partitions.len(), want.partitions() as usize, "{}", gpu.bdf);
+        assert_eq!(
+            gpu.partitions.len(),
+            want.partitions() as usize,
+            "{}",
+            gpu.bdf
+        );
         assert_eq!(gpu.compute_units, want.model.total_cus, "{}", gpu.bdf);
         assert_eq!(gpu.unique_id, want.unique_id);
         let uuid = (want.unique_id != 0).then(|| format!("GPU-{:016x}", want.unique_id));
@@ -48,7 +62,10 @@ fn assert_matches_spec(spec: &NodeSpec, inv: &Inventory) {
         for (i, part) in gpu.partitions.iter().enumerate() {
             assert_eq!(part.index as usize, i);
             assert_eq!(part.compute_units, want.partition_cus());
-            assert_eq!(part.bdf.function as usize, if want.partitions() > 1 { i } else { 0 });
+            assert_eq!(
+                part.bdf.function as usize,
+                if want.partitions() > 1 { i } else { 0 }
+            );
         }
         let bdf = gpu.bdf.to_string();
         let about_it: Vec<_> = inv.warnings.iter().filter(|w| w.contains(&bdf)).collect();
@@ -86,17 +103,34 @@ fn mi300x_spx_has_whole_gpus_numa_and_amdsmi_identity() {
         assert_eq!(gpu.numa_node, Some(u32::from(i >= 4)));
         assert_eq!(gpu.compute_partition.as_deref(), Some("SPX"));
         assert_eq!(gpu.memory_partition.as_deref(), Some("NPS1"));
-        assert_eq!(gpu.available_compute_partitions, ["SPX", "DPX", "QPX", "CPX"]);
+        assert_eq!(
+            gpu.available_compute_partitions,
+            ["SPX", "DPX", "QPX", "CPX"]
+        );
         assert_eq!(gpu.market_name.as_deref(), Some("AMD Instinct MI300X"));
         assert!(gpu.amdsmi_uuid.is_some());
-        assert_eq!(gpu.partitions[0].render_minor, Some(128 + u32::try_from(i).unwrap()));
+        assert_eq!(
+            gpu.partitions[0].render_minor,
+            Some(128 + u32::try_from(i).unwrap())
+        );
         assert!(gpu.partitions[0].card_minor.is_some());
         assert_eq!(gpu.partitions[0].xcp, None);
-        let types: Vec<&str> = gpu.partition_profiles.iter().map(|p| p.profile_type.as_str()).collect();
+        let types: Vec<&str> = gpu
+            .partition_profiles
+            .iter()
+            .map(|p| p.profile_type.as_str())
+            .collect();
         assert_eq!(types, ["SPX", "DPX", "QPX", "CPX"]);
-        assert_eq!(gpu.partition_profile.as_ref().map(|p| p.num_partitions), Some(1));
+        assert_eq!(
+            gpu.partition_profile.as_ref().map(|p| p.num_partitions),
+            Some(1)
+        );
         assert_eq!(gpu.links.len(), 7);
-        assert!(gpu.links.iter().all(|l| l.hops == Some(1)), "{:?}", gpu.links);
+        assert!(
+            gpu.links.iter().all(|l| l.hops == Some(1)),
+            "{:?}",
+            gpu.links
+        );
     }
 }
 
@@ -112,7 +146,10 @@ fn mi300x_cpx_and_dpx_partitions_are_served_by_xcp_devices() {
                 assert_eq!(part.vram_bytes, (192 << 30) / parts as u64);
                 assert_eq!(part.xcp.is_some(), part.index > 0, "{name} {part:?}");
             }
-            let profile = gpu.partition_profile.as_ref().expect("profile on partition 0");
+            let profile = gpu
+                .partition_profile
+                .as_ref()
+                .expect("profile on partition 0");
             assert_eq!(profile.num_partitions as usize, parts);
         }
     }
@@ -121,13 +158,21 @@ fn mi300x_cpx_and_dpx_partitions_are_served_by_xcp_devices() {
 #[test]
 fn radeon_pair_has_wgp_pairs_and_an_igpu_without_uuid() {
     let (_, inv, _, _dir) = build("rx9070xt-igpu", &full());
-    let dgpu = inv.gpus.iter().find(|g| g.compute_units == 64).expect("9070 XT");
+    let dgpu = inv
+        .gpus
+        .iter()
+        .find(|g| g.compute_units == 64)
+        .expect("9070 XT");
     assert_eq!(dgpu.gfx.map(|g| g.to_string()).as_deref(), Some("gfx1201"));
     assert_eq!(dgpu.cus_per_wgp, 2);
     assert!(dgpu.rocr_uuid.is_some());
     assert_eq!(dgpu.compute_partition, None);
     assert_eq!(dgpu.vram_bytes, 16 << 30);
-    let igpu = inv.gpus.iter().find(|g| g.compute_units == 2).expect("iGPU");
+    let igpu = inv
+        .gpus
+        .iter()
+        .find(|g| g.compute_units == 2)
+        .expect("iGPU");
     assert_eq!(igpu.gfx.map(|g| g.to_string()).as_deref(), Some("gfx1036"));
     assert_eq!(igpu.rocr_uuid, None);
     assert_eq!(igpu.unique_id, 0);
@@ -140,7 +185,11 @@ fn mi355x_profiles_come_from_amdsmi() {
     for gpu in &inv.gpus {
         assert_eq!(gpu.gfx.map(|g| g.to_string()).as_deref(), Some("gfx950"));
         assert_eq!(gpu.compute_units, 256);
-        let xcc: Vec<Option<u32>> = gpu.partition_profiles.iter().map(|p| p.xcc_per_partition).collect();
+        let xcc: Vec<Option<u32>> = gpu
+            .partition_profiles
+            .iter()
+            .map(|p| p.xcc_per_partition)
+            .collect();
         assert_eq!(xcc, [Some(8), Some(4), Some(2), Some(1)]);
         let caps = &gpu.partition_profiles[1].memory_caps;
         assert_eq!(caps, &["NPS1", "NPS2"]);

@@ -137,10 +137,10 @@ fn detect<'l>(
     })?;
     let layout = layout::refine(by_version, |symbol| lib.has(symbol));
     if layout != by_version {
-        info!(
+        warn!(
             from = by_version.name(),
             to = layout.name(),
-            "exported symbols raise the layout"
+            "the library's version word and its exported symbols disagree; decoding by the symbols"
         );
     }
     let session = match session {
@@ -150,11 +150,28 @@ fn detect<'l>(
     Ok((version, layout, session))
 }
 
-/// Retries BUSY three times with 50/100/200 ms backoff.
+/// Total time one probe may spend waiting on BUSY: a GPU that stays busy
+/// (a partition switch, a wedged lock) must not make a 64-partition node's
+/// probe take 64 times the backoff.
+const BUSY_BUDGET: Duration = Duration::from_secs(2);
+
+thread_local! {
+    static BUSY_BUDGET_LEFT: std::cell::Cell<Duration> = const { std::cell::Cell::new(BUSY_BUDGET) };
+}
+
+/// Retries BUSY three times with 50/100/200 ms backoff, while the probe's
+/// BUSY budget lasts; after that a BUSY is returned at once.
 fn retry_busy<T>(mut call: impl FnMut() -> Result<T, CallFail>) -> Result<T, CallFail> {
     for delay in BUSY_BACKOFF {
         match call() {
-            Err(CallFail::Status(status::BUSY)) => sleep(delay),
+            Err(CallFail::Status(status::BUSY)) => {
+                let left = BUSY_BUDGET_LEFT.get();
+                if left < delay {
+                    return Err(CallFail::Status(status::BUSY));
+                }
+                BUSY_BUDGET_LEFT.set(left - delay);
+                sleep(delay);
+            }
             other => return other,
         }
     }

@@ -50,7 +50,11 @@ pub(super) fn gpus(topology: &Topology, paths: &HostPaths, warnings: &mut Vec<St
     ordered.sort_by_key(|g| g.first().map(|n| n.node.index));
     for group in ordered {
         let (first, partitioned) = (&group[0], group.len() > 1);
-        let bdf = if partitioned { first.address.with_function(0) } else { first.address };
+        let bdf = if partitioned {
+            first.address.with_function(0)
+        } else {
+            first.address
+        };
         if let Some(owner) = claimed.get(&bdf) {
             let nodes: Vec<String> = group.iter().map(|n| n.node.index.to_string()).collect();
             warnings.push(format!(
@@ -74,9 +78,9 @@ pub(super) fn gpus(topology: &Topology, paths: &HostPaths, warnings: &mut Vec<St
 /// than DRM render minors, 64, loses the last ones).
 fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
     for gpu in gpus.iter().filter(|g| g.compute_partition.is_some()) {
-        let siblings = gpus
-            .iter()
-            .filter(|o| o.device_id == gpu.device_id && o.compute_partition == gpu.compute_partition);
+        let siblings = gpus.iter().filter(|o| {
+            o.device_id == gpu.device_id && o.compute_partition == gpu.compute_partition
+        });
         let expected = siblings.map(|o| o.partitions.len()).max().unwrap_or(0);
         if gpu.partitions.len() < expected {
             warnings.push(format!(
@@ -92,19 +96,36 @@ fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
 
 fn describe(node: &KfdNode) -> Result<GpuNode<'_>, String> {
     let p = &node.properties;
-    let location = p.get("location_id").ok_or("its properties have no location_id")?;
-    let address = PciAddress::from_kfd(p.get_or_zero("domain"), location)
-        .ok_or_else(|| format!("domain/location_id {}/{location} is not a PCI address", p.get_or_zero("domain")))?;
+    let location = p
+        .get("location_id")
+        .ok_or("its properties have no location_id")?;
+    let address = PciAddress::from_kfd(p.get_or_zero("domain"), location).ok_or_else(|| {
+        format!(
+            "domain/location_id {}/{location} is not a PCI address",
+            p.get_or_zero("domain")
+        )
+    })?;
     let simd_count = p.get_or_zero("simd_count");
     let simd_per_cu = p.get_or_zero("simd_per_cu");
     if simd_per_cu == 0 {
-        return Err(format!("simd_per_cu is missing or 0 (simd_count {simd_count})"));
+        return Err(format!(
+            "simd_per_cu is missing or 0 (simd_count {simd_count})"
+        ));
     }
     let compute_units = u32::try_from(simd_count / simd_per_cu)
         .map_err(|_| format!("simd_count {simd_count} is out of range"))?;
-    let banks: u64 = node.mem_banks.iter().filter(|b| b.is_vram()).map(|b| b.size_in_bytes).sum();
+    let banks: u64 = node
+        .mem_banks
+        .iter()
+        .filter(|b| b.is_vram())
+        .map(|b| b.size_in_bytes)
+        .sum();
     // Old kernels have no frame-buffer bank but fill local_mem_size; modern ones print 0 there.
-    let vram_bytes = if banks > 0 { banks } else { p.get_or_zero("local_mem_size") };
+    let vram_bytes = if banks > 0 {
+        banks
+    } else {
+        p.get_or_zero("local_mem_size")
+    };
     Ok(GpuNode {
         node,
         address,
@@ -123,7 +144,11 @@ fn build_gpu(
     let partitioned = group.len() > 1;
     group.sort_by_key(|n| (n.address.function, n.node.index));
     let first = &group[0];
-    let bdf = if partitioned { first.address.with_function(0) } else { first.address };
+    let bdf = if partitioned {
+        first.address.with_function(0)
+    } else {
+        first.address
+    };
     let pci = drm::read_pci_device(paths, bdf).unwrap_or_default();
     let p = &first.node.properties;
     let gfx = GfxTarget::from_kfd(p.get_or_zero("gfx_target_version")).or_else(|| {
@@ -147,10 +172,15 @@ fn build_gpu(
         compute_units: partitions.iter().map(|p| p.compute_units).sum(),
         cus_per_wgp: gfx.map_or(1, GfxTarget::cus_per_wgp),
         vram_bytes: pci.vram_total.unwrap_or(kfd_vram),
-        numa_node: pci.numa_node.or_else(|| linked_cpu_node(first.node, topology)),
+        numa_node: pci
+            .numa_node
+            .or_else(|| linked_cpu_node(first.node, topology)),
         market_name: None,
         amdsmi_uuid: None,
-        compute_partition: pci.compute_partition.clone().or_else(|| inferred_mode(&group)),
+        compute_partition: pci
+            .compute_partition
+            .clone()
+            .or_else(|| inferred_mode(&group)),
         memory_partition: pci.memory_partition.clone(),
         available_compute_partitions: pci.available_compute_partitions.clone(),
         available_memory_partitions: pci.available_memory_partitions.clone(),
@@ -163,7 +193,9 @@ fn build_gpu(
         links: Vec::new(),
     };
     if let Some(vendor) = pci.vendor.filter(|v| *v != 0x1002) {
-        warnings.push(format!("GPU {bdf}: PCI vendor is {vendor:#06x}, not AMD (0x1002)"));
+        warnings.push(format!(
+            "GPU {bdf}: PCI vendor is {vendor:#06x}, not AMD (0x1002)"
+        ));
     }
     gpu
 }
@@ -177,7 +209,11 @@ fn partitions(
 ) -> Vec<Partition> {
     let mut out: Vec<Partition> = Vec::with_capacity(group.len());
     for n in group {
-        let index = if partitioned { u32::from(n.address.function) } else { 0 };
+        let index = if partitioned {
+            u32::from(n.address.function)
+        } else {
+            0
+        };
         if let Some(other) = out.iter().find(|p| p.index == index) {
             warnings.push(format!(
                 "KFD node {} skipped: partition {index} of GPU {bdf} is already KFD node {}",
@@ -186,7 +222,9 @@ fn partitions(
             continue;
         }
         let p = &n.node.properties;
-        let render_minor = p.get("drm_render_minor").and_then(|m| u32::try_from(m).ok());
+        let render_minor = p
+            .get("drm_render_minor")
+            .and_then(|m| u32::try_from(m).ok());
         let render = render_minor.and_then(|m| drm::read_render_node(paths, m));
         out.push(Partition {
             index,

@@ -60,16 +60,25 @@ pub(super) fn attach(gpus: &mut [Gpu], topology: &Topology) {
         let mut best: BTreeMap<usize, GpuLink> = BTreeMap::new();
         let partitioned = gpu.partitions.len() > 1;
         for part in &gpu.partitions {
-            let Some(node) = topology.node(part.kfd_node) else { continue };
+            let Some(node) = topology.node(part.kfd_node) else {
+                continue;
+            };
             let candidates = node
                 .io_links
                 .iter()
                 .map(|l| (l, LinkVia::IoLink))
                 .chain(node.p2p_links.iter().map(|l| (l, LinkVia::P2pLink)));
             for (link, via) in candidates {
-                let Some(&peer) = owner.get(&link.node_to).filter(|&&p| p != i) else { continue };
+                let Some(&peer) = owner.get(&link.node_to).filter(|&&p| p != i) else {
+                    continue;
+                };
                 let peer_partitioned = gpus[peer].partitions.len() > 1;
-                let hops = hops(link, via, partitioned || peer_partitioned, cpu_of[i] == cpu_of[peer]);
+                let hops = hops(
+                    link,
+                    via,
+                    partitioned || peer_partitioned,
+                    cpu_of[i] == cpu_of[peer],
+                );
                 let candidate = GpuLink {
                     peer: gpus[peer].bdf,
                     link_type: link.link_type,
@@ -89,13 +98,16 @@ pub(super) fn attach(gpus: &mut [Gpu], topology: &Topology) {
         for (peer, other) in gpus.iter().enumerate() {
             if peer != i && !best.contains_key(&peer) {
                 let same_cpu = cpu_of[i].is_some() && cpu_of[i] == cpu_of[peer];
-                best.insert(peer, GpuLink {
-                    peer: other.bdf,
-                    link_type: LinkType::Pcie,
-                    via: LinkVia::Host,
-                    weight: None,
-                    hops: Some(if same_cpu { 2 } else { 3 }),
-                });
+                best.insert(
+                    peer,
+                    GpuLink {
+                        peer: other.bdf,
+                        link_type: LinkType::Pcie,
+                        via: LinkVia::Host,
+                        weight: None,
+                        hops: Some(if same_cpu { 2 } else { 3 }),
+                    },
+                );
             }
         }
         all.push(best.into_values().collect::<Vec<_>>());
@@ -110,7 +122,11 @@ pub(super) fn attach(gpus: &mut [Gpu], topology: &Topology) {
 fn hops(link: &IoLink, via: LinkVia, partitioned: bool, same_cpu: bool) -> Option<u32> {
     match (link.link_type, via) {
         (LinkType::Xgmi, _) => {
-            let socket_legs = if partitioned { 2 * INTRA_SOCKET_WEIGHT } else { 0 };
+            let socket_legs = if partitioned {
+                2 * INTRA_SOCKET_WEIGHT
+            } else {
+                0
+            };
             let xgmi = link.weight.checked_sub(socket_legs)?;
             (xgmi > 0 && xgmi % XGMI_HOP_WEIGHT == 0)
                 .then(|| u32::try_from(xgmi / XGMI_HOP_WEIGHT).ok())

@@ -18,7 +18,10 @@ pub(super) fn apply(gpus: &mut [Gpu], report: &AmdSmiReport, warnings: &mut Vec<
             .filter_map(|part| find(report, gpu, part).map(|proc| (part.index, proc)))
             .collect();
         if joined.is_empty() {
-            warnings.push(format!("GPU {}: AMD SMI reports no processor for it", gpu.bdf));
+            warnings.push(format!(
+                "GPU {}: AMD SMI reports no processor for it",
+                gpu.bdf
+            ));
             continue;
         }
         for (index, proc) in &joined {
@@ -46,7 +49,10 @@ fn apply_primary(gpu: &mut Gpu, proc: &ProcessorInfo) {
         gpu.compute_partition = Some(mode.to_ascii_uppercase());
     }
     if gpu.memory_partition.is_none() {
-        gpu.memory_partition = proc.memory_partition.clone().map(|m| m.to_ascii_uppercase());
+        gpu.memory_partition = proc
+            .memory_partition
+            .clone()
+            .map(|m| m.to_ascii_uppercase());
     }
     // Partition 0 reports the whole device, from the same counter as
     // `mem_info_vram_total`: exact where the KFD banks are rounded shares.

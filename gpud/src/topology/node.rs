@@ -231,7 +231,8 @@ fn read_links(dir: &Path, buf: &mut String, issues: &mut Vec<TopologyIssue>) -> 
             continue;
         }
         let p = Properties::parse(buf, &path, issues);
-        let (Some(node_from), Some(node_to)) = (node_field(&p, "node_from"), node_field(&p, "node_to"))
+        let (Some(node_from), Some(node_to)) =
+            (node_field(&p, "node_from"), node_field(&p, "node_to"))
         else {
             issues.push(TopologyIssue::MalformedLine {
                 path,

@@ -70,10 +70,7 @@ fn parse_line(line: &str) -> Result<(&str, u64), &'static str> {
     if words.next().is_some() {
         return Err("more than one value");
     }
-    if !key
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    {
+    if !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         return Err("key is not an identifier");
     }
     let value = value
@@ -113,7 +110,8 @@ mod tests {
 
     #[test]
     fn a_bad_line_is_reported_with_file_and_line_and_skipped() {
-        let (p, issues) = parse("simd_count 152\nsimd_per_cu four\n\nwidth\nx y z\nfw_version -1\n");
+        let (p, issues) =
+            parse("simd_count 152\nsimd_per_cu four\n\nwidth\nx y z\nfw_version -1\n");
         assert_eq!(p.get("simd_count"), Some(152));
         assert_eq!(p.get("simd_per_cu"), None);
         let text: Vec<String> = issues.iter().map(ToString::to_string).collect();

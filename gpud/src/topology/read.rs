@@ -56,15 +56,28 @@ pub fn read_topology(paths: &HostPaths) -> Result<Topology, TopologyError> {
         let mut issues = Vec::new();
         let before = read_number(&path.join("generation_id"), &mut buf, &mut issues);
         let nodes = read_nodes(&nodes_dir, &mut buf, &mut issues);
-        let after = read_number(&path.join("generation_id"), &mut Default::default(), &mut Vec::new());
+        let after = read_number(
+            &path.join("generation_id"),
+            &mut Default::default(),
+            &mut Vec::new(),
+        );
         match (before, after) {
             (Some(b), Some(a)) if a != b => {
-                warn!(attempt, before = b, after = a, "KFD topology changed while being read");
+                warn!(
+                    attempt,
+                    before = b,
+                    after = a,
+                    "KFD topology changed while being read"
+                );
                 continue;
             }
             _ => {}
         }
-        debug!(nodes = nodes.len(), issues = issues.len(), "read KFD topology");
+        debug!(
+            nodes = nodes.len(),
+            issues = issues.len(),
+            "read KFD topology"
+        );
         return Ok(Topology {
             path,
             generation_id: before,
@@ -92,4 +105,3 @@ fn read_nodes(
     }
     nodes
 }
-

@@ -97,7 +97,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_memory_total(
 ///
 /// # Safety
 /// `info` is null or valid for 64 bytes.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(feature = "abi-6-2"), unsafe(no_mangle))]
 pub unsafe extern "C" fn amdsmi_get_gpu_kfd_info(handle: *mut c_void, info: *mut u8) -> u32 {
     call("amdsmi_get_gpu_kfd_info", Need::Init, |st| {
         need_abi(st, Abi::V6_3)?;
@@ -113,7 +113,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_kfd_info(handle: *mut c_void, info: *mut
 ///
 /// # Safety
 /// `info` is null or valid for the struct size at the fixture's ABI.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(any(feature = "abi-6-2", feature = "abi-6-3")), unsafe(no_mangle))]
 pub unsafe extern "C" fn amdsmi_get_gpu_enumeration_info(
     handle: *mut c_void,
     info: *mut u8,
@@ -201,7 +201,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_memory_partition(
 /// # Safety
 /// `profile` is null or valid for 1152 bytes; `partition_id` is null or valid
 /// for 8 `u32`.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(feature = "abi-6-2"), unsafe(no_mangle))]
 pub unsafe extern "C" fn amdsmi_get_gpu_accelerator_partition_profile(
     handle: *mut c_void,
     profile: *mut u8,
@@ -239,7 +239,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_accelerator_partition_profile(
 ///
 /// # Safety
 /// `config` is null or valid for 39168 bytes.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(any(feature = "abi-6-2", feature = "abi-6-3")), unsafe(no_mangle))]
 pub unsafe extern "C" fn amdsmi_get_gpu_accelerator_partition_profile_config(
     handle: *mut c_void,
     config: *mut u8,
@@ -278,7 +278,7 @@ fn selected_profile(p: &Processor, profile_index: u32) -> Result<Profile, u32> {
 }
 
 /// Selects a profile by index into the profile config (6.4+); needs root.
-#[unsafe(no_mangle)]
+#[cfg_attr(not(any(feature = "abi-6-2", feature = "abi-6-3")), unsafe(no_mangle))]
 pub extern "C" fn amdsmi_set_gpu_accelerator_partition_profile(
     handle: *mut c_void,
     profile_index: u32,

@@ -59,7 +59,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let Some(spec) = fixture::named(&args.node) else {
-        bail!("unknown node {:?}; known: {}", args.node, fixture::names().join(", "));
+        bail!(
+            "unknown node {:?}; known: {}",
+            args.node,
+            fixture::names().join(", ")
+        );
     };
     let temp;
     let root = if let Some(out) = &args.out {
@@ -75,7 +79,11 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let node = fixture::build(&spec, &root, &options)
         .with_context(|| format!("building {} under {}", args.node, root.display()))?;
-    eprintln!("fake node {} built under {}", args.node, node.root.display());
+    eprintln!(
+        "fake node {} built under {}",
+        args.node,
+        node.root.display()
+    );
     inspect(&node, with_amdsmi, args.json)
 }
 
@@ -87,8 +95,12 @@ fn inspect(node: &fixture::FakeNode, with_amdsmi: bool, json: bool) -> anyhow::R
     let mut child_env = Vec::new();
     match (&node.amdsmi_fixture, with_amdsmi) {
         (Some(fixture), true) => {
-            argv.push(tests::fake_amdsmi::library().as_os_str().to_owned());
-            child_env.push(("FAKE_AMDSMI_FIXTURE".into(), fixture.clone().into_os_string()));
+            let abi = tests::fake_amdsmi::fixture_abi(fixture).unwrap_or_default();
+            argv.push(tests::fake_amdsmi::library_for(&abi).as_os_str().to_owned());
+            child_env.push((
+                "FAKE_AMDSMI_FIXTURE".into(),
+                fixture.clone().into_os_string(),
+            ));
         }
         _ => argv.push("none".into()),
     }
@@ -99,7 +111,9 @@ fn inspect(node: &fixture::FakeNode, with_amdsmi: bool, json: bool) -> anyhow::R
     let gpud::cli::Command::Inspect(inspect) = cli.command else {
         bail!("internal: inspect arguments did not parse as inspect");
     };
-    let mut config = inspect.host.amdsmi_config(vec![exe.into_os_string(), "gpud".into()]);
+    let mut config = inspect
+        .host
+        .amdsmi_config(vec![exe.into_os_string(), "gpud".into()]);
     config.child_env = child_env;
     let inventory = gpud::cli::inventory_with(&inspect.host.host_paths(), &config)?;
     let mut out = std::io::stdout().lock();

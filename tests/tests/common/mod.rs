@@ -24,14 +24,18 @@ pub fn fake_node_exe() -> PathBuf {
 
 /// A real KFD capture from `../shared/fixtures/kfd/<name>`, when present.
 pub fn shared_capture(name: &str) -> Option<PathBuf> {
-    let dir = tests::fake_amdsmi::workspace_root().join("../shared/fixtures/kfd").join(name);
+    let dir = tests::fake_amdsmi::workspace_root()
+        .join("../shared/fixtures/kfd")
+        .join(name);
     dir.is_dir().then(|| dir.canonicalize().ok()).flatten()
 }
 
 /// Every capture folder in `../shared/fixtures/kfd/`.
 pub fn shared_captures() -> Vec<String> {
     let dir = tests::fake_amdsmi::workspace_root().join("../shared/fixtures/kfd");
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
     let mut names: Vec<String> = entries
         .filter_map(Result::ok)
         .filter(|e| e.path().join("nodes").is_dir())
@@ -44,11 +48,15 @@ pub fn shared_captures() -> Vec<String> {
 /// AMD SMI through the fake library driven by `fixture`, probed by a child
 /// `fake-node gpud amdsmi-probe`.
 pub fn fake_amdsmi(fixture: &Path, timeout: Duration) -> AmdSmiConfig {
+    let abi = tests::fake_amdsmi::fixture_abi(fixture).unwrap_or_else(|| "7.0".into());
     AmdSmiConfig {
-        library: LibrarySource::Path(tests::fake_amdsmi::library().to_path_buf()),
+        library: LibrarySource::Path(tests::fake_amdsmi::library_for(&abi).to_path_buf()),
         helper: vec![fake_node_exe().into_os_string(), OsString::from("gpud")],
         timeout,
-        child_env: vec![(OsString::from("FAKE_AMDSMI_FIXTURE"), fixture.as_os_str().to_owned())],
+        child_env: vec![(
+            OsString::from("FAKE_AMDSMI_FIXTURE"),
+            fixture.as_os_str().to_owned(),
+        )],
     }
 }
 
@@ -83,9 +91,13 @@ pub fn redacted(inventory: &Inventory, replace: &[(&Path, &str)]) -> Value {
 /// Replaces each partition's restore io-link list by its length, to keep
 /// snapshots of CPX nodes (63 links per partition) readable.
 pub fn compact(value: &mut Value) {
-    let Some(gpus) = value["gpus"].as_array_mut() else { return };
+    let Some(gpus) = value["gpus"].as_array_mut() else {
+        return;
+    };
     for gpu in gpus {
-        let Some(parts) = gpu["partitions"].as_array_mut() else { continue };
+        let Some(parts) = gpu["partitions"].as_array_mut() else {
+            continue;
+        };
         for part in parts {
             let n = part["restore"]["io_links"].as_array().map_or(0, Vec::len);
             part["restore"]["io_links"] = Value::from(n);
@@ -132,8 +144,17 @@ pub fn run_with_timeout(mut cmd: Command, limit: Duration) -> (i32, String, Stri
 /// `amd-gpud inspect --host-root ROOT --amdsmi none --json`, as a process.
 pub fn inspect_cli_json(root: &Path) -> Value {
     let mut cmd = Command::new(fake_node_exe());
-    cmd.args(["gpud", "inspect", "--amdsmi", "none", "--json", "--host-root"]).arg(root);
+    cmd.args([
+        "gpud",
+        "inspect",
+        "--amdsmi",
+        "none",
+        "--json",
+        "--host-root",
+    ])
+    .arg(root);
     let (code, stdout, stderr) = run_with_timeout(cmd, Duration::from_secs(60));
     assert_eq!(code, 0, "inspect failed: {stderr}");
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("inspect printed no JSON ({e}): {stdout}"))
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("inspect printed no JSON ({e}): {stdout}"))
 }
