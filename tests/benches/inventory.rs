@@ -24,7 +24,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(gpud) = std::env::var_os(RSS_CHILD) {
         return rss_child(Path::new(&gpud));
     }
-    let dir = tempfile::tempdir()?;
+    let dir = fixture::scratch_dir()?;
     let (source, paths) = host_root(dir.path())?;
     let files = every_file(&paths.kfd_topology())?;
     let mut floor = Vec::with_capacity(ROUNDS);

@@ -20,7 +20,7 @@ const ABIS: [&str; 5] = ["6.2", "6.3", "6.4", "7.0", "7.13"];
 /// the library's fixture first.
 fn node(abi: &str, tweak: impl FnOnce(&mut Value)) -> (tempfile::TempDir, std::path::PathBuf) {
     let spec = fixture::named("mi300x-8-cpx").unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tests::fixture::scratch_dir().unwrap();
     let opts = BuildOptions {
         drm: true,
         amdsmi_abi: None,

@@ -19,7 +19,7 @@ fn inspect_capture(name: &str) -> Option<(Value, tempfile::TempDir)> {
         eprintln!("skipping: ../shared/fixtures/kfd/{name} is not here");
         return None;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tests::fixture::scratch_dir().unwrap();
     link_capture(&capture, dir.path()).unwrap();
     Some((common::inspect_cli_json(dir.path()), dir))
 }

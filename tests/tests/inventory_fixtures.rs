@@ -17,7 +17,7 @@ fn build(
     opts: &BuildOptions,
 ) -> (NodeSpec, Inventory, serde_json::Value, tempfile::TempDir) {
     let spec = fixture::named(name).unwrap_or_else(|| panic!("no fixture {name}"));
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tests::fixture::scratch_dir().unwrap();
     let node = fixture::build(&spec, dir.path(), opts).unwrap();
     let amdsmi = match &node.amdsmi_fixture {
         Some(f) => common::fake_amdsmi(f, Duration::from_secs(30)),

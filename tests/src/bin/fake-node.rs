@@ -69,7 +69,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
     let root = if let Some(out) = &args.out {
         out.clone()
     } else {
-        temp = tempfile::tempdir().context("creating a temporary directory")?;
+        temp = fixture::scratch_dir().context("creating a temporary directory")?;
         temp.path().to_path_buf()
     };
     let with_amdsmi = args.amdsmi != "none";
