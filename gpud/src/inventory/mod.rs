@@ -159,3 +159,6 @@ pub fn discover(
         warnings,
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,100 @@
+//! Bad input: every problem is a warning naming the file or node, a device
+//! that cannot be described is left out with the reason, and nothing panics.
+
+use std::{fs, path::Path};
+
+use super::discover;
+use crate::{hostpaths::HostPaths, topology::TopologyError};
+
+const GPU: &str = "cpu_cores_count 0\nsimd_count 416\nsimd_per_cu 4\ngfx_target_version 90010\n\
+vendor_id 4098\ndevice_id 29711\nlocation_id 768\ndomain 0\ndrm_render_minor 128\n\
+unique_id 1801979520617338022\nnum_xcc 1\n";
+
+fn write(root: &Path, rel: &str, text: &str) {
+    let path = root.join("sys/class/kfd/kfd/topology").join(rel);
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, text).unwrap();
+}
+
+fn node_tree(root: &Path) {
+    write(root, "generation_id", "3\n");
+    write(root, "nodes/0/properties", "cpu_cores_count 64\nsimd_count 0\n");
+    write(root, "nodes/0/gpu_id", "0\n");
+    write(root, "nodes/1/properties", GPU);
+    write(root, "nodes/1/gpu_id", "12345\n");
+    write(root, "nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 68702699520\n");
+    write(root, "nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 0\nweight 20\n");
+    write(root, "nodes/1/io_links/1/properties", "type 2\nnode_from one\n");
+}
+
+#[test]
+fn a_well_formed_node_reads_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    node_tree(dir.path());
+    fs::remove_file(dir.path().join("sys/class/kfd/kfd/topology/nodes/1/io_links/1/properties")).unwrap();
+    let inv = discover(&HostPaths::under(dir.path()), None).unwrap();
+    assert!(inv.warnings.is_empty(), "{:?}", inv.warnings);
+    assert_eq!(inv.gpus.len(), 1);
+    let gpu = &inv.gpus[0];
+    assert_eq!(gpu.bdf.to_string(), "0000:03:00.0");
+    assert_eq!(gpu.compute_units, 104);
+    assert_eq!(gpu.vram_bytes, 68_702_699_520);
+    assert_eq!(gpu.numa_node, Some(0));
+    assert_eq!(inv.generation_id, Some(3));
+    assert_eq!(inv.cpus.len(), 1);
+}
+
+#[test]
+fn each_bad_file_is_named_and_the_rest_still_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    node_tree(root);
+    // A GPU without simd_per_cu cannot be described.
+    write(root, "nodes/2/properties", &GPU.replace("simd_per_cu 4\n", "").replace("768", "1024"));
+    write(root, "nodes/2/gpu_id", "222\n");
+    // A non-numeric gpu_id: reported, the node classified by simd_count.
+    write(root, "nodes/3/properties", &GPU.replace("768", "1280").replace("simd_count 416", "simd_count 4x16"));
+    write(root, "nodes/3/gpu_id", "garbage\n");
+    // A node directory whose properties vanished, and a non-numeric entry.
+    fs::create_dir_all(root.join("sys/class/kfd/kfd/topology/nodes/4")).unwrap();
+    fs::create_dir_all(root.join("sys/class/kfd/kfd/topology/nodes/notanode")).unwrap();
+
+    let inv = discover(&HostPaths::under(root), None).unwrap();
+    let text = inv.warnings.join("\n");
+    assert!(text.contains("KFD node 2 skipped: simd_per_cu is missing"), "{text}");
+    assert!(text.contains("nodes/3/gpu_id") && text.contains("\"garbage\""), "{text}");
+    assert!(text.contains("nodes/3/properties:2") && text.contains("simd_count 4x16"), "{text}");
+    assert!(text.contains("KFD node 4 vanished"), "{text}");
+    assert!(text.contains("nodes/1/io_links/1/properties"), "{text}");
+    // Node 1 is intact; node 3 has no simd_count left, so it is not a GPU.
+    assert_eq!(inv.gpus.len(), 1, "{:?}", inv.gpus);
+    assert_eq!(inv.gpus[0].compute_units, 104);
+    assert_eq!(inv.gpus[0].partitions[0].restore.io_links.len(), 1);
+}
+
+#[test]
+fn garbage_everywhere_never_panics() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let junk = ["", "\n\n", "simd_count\n", "\u{0}\u{1}\u{2}", "x 1 2 3", "simd_per_cu 0\nsimd_count 8\nlocation_id 99999999\n"];
+    for (i, text) in junk.iter().enumerate() {
+        write(root, &format!("nodes/{i}/properties"), text);
+        write(root, &format!("nodes/{i}/gpu_id"), text);
+        write(root, &format!("nodes/{i}/mem_banks/0/properties"), text);
+        write(root, &format!("nodes/{i}/io_links/0/properties"), text);
+    }
+    write(root, "generation_id", "not a number");
+    let inv = discover(&HostPaths::under(root), None).unwrap();
+    assert!(inv.gpus.is_empty());
+    assert!(!inv.warnings.is_empty());
+}
+
+#[test]
+fn a_missing_topology_is_an_error_naming_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = discover(&HostPaths::under(dir.path()), None).unwrap_err();
+    assert!(matches!(err, TopologyError::Missing { .. }));
+    let text = err.to_string();
+    assert!(text.contains("sys/class/kfd/kfd/topology/nodes"), "{text}");
+    assert!(text.contains("amdgpu driver"), "{text}");
+}
