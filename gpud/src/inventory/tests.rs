@@ -18,20 +18,40 @@ fn write(root: &Path, rel: &str, text: &str) {
 
 fn node_tree(root: &Path) {
     write(root, "generation_id", "3\n");
-    write(root, "nodes/0/properties", "cpu_cores_count 64\nsimd_count 0\n");
+    write(
+        root,
+        "nodes/0/properties",
+        "cpu_cores_count 64\nsimd_count 0\n",
+    );
     write(root, "nodes/0/gpu_id", "0\n");
     write(root, "nodes/1/properties", GPU);
     write(root, "nodes/1/gpu_id", "12345\n");
-    write(root, "nodes/1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 68702699520\n");
-    write(root, "nodes/1/io_links/0/properties", "type 2\nnode_from 1\nnode_to 0\nweight 20\n");
-    write(root, "nodes/1/io_links/1/properties", "type 2\nnode_from one\n");
+    write(
+        root,
+        "nodes/1/mem_banks/0/properties",
+        "heap_type 1\nsize_in_bytes 68702699520\n",
+    );
+    write(
+        root,
+        "nodes/1/io_links/0/properties",
+        "type 2\nnode_from 1\nnode_to 0\nweight 20\n",
+    );
+    write(
+        root,
+        "nodes/1/io_links/1/properties",
+        "type 2\nnode_from one\n",
+    );
 }
 
 #[test]
 fn a_well_formed_node_reads_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     node_tree(dir.path());
-    fs::remove_file(dir.path().join("sys/class/kfd/kfd/topology/nodes/1/io_links/1/properties")).unwrap();
+    fs::remove_file(
+        dir.path()
+            .join("sys/class/kfd/kfd/topology/nodes/1/io_links/1/properties"),
+    )
+    .unwrap();
     let inv = discover(&HostPaths::under(dir.path()), None).unwrap();
     assert!(inv.warnings.is_empty(), "{:?}", inv.warnings);
     assert_eq!(inv.gpus.len(), 1);
@@ -50,10 +70,19 @@ fn each_bad_file_is_named_and_the_rest_still_counts() {
     let root = dir.path();
     node_tree(root);
     // A GPU without simd_per_cu cannot be described.
-    write(root, "nodes/2/properties", &GPU.replace("simd_per_cu 4\n", "").replace("768", "1024"));
+    write(
+        root,
+        "nodes/2/properties",
+        &GPU.replace("simd_per_cu 4\n", "").replace("768", "1024"),
+    );
     write(root, "nodes/2/gpu_id", "222\n");
     // A non-numeric gpu_id: reported, the node classified by simd_count.
-    write(root, "nodes/3/properties", &GPU.replace("768", "1280").replace("simd_count 416", "simd_count 4x16"));
+    write(
+        root,
+        "nodes/3/properties",
+        &GPU.replace("768", "1280")
+            .replace("simd_count 416", "simd_count 4x16"),
+    );
     write(root, "nodes/3/gpu_id", "garbage\n");
     // A node directory whose properties vanished, and a non-numeric entry.
     fs::create_dir_all(root.join("sys/class/kfd/kfd/topology/nodes/4")).unwrap();
@@ -61,9 +90,18 @@ fn each_bad_file_is_named_and_the_rest_still_counts() {
 
     let inv = discover(&HostPaths::under(root), None).unwrap();
     let text = inv.warnings.join("\n");
-    assert!(text.contains("KFD node 2 skipped: simd_per_cu is missing"), "{text}");
-    assert!(text.contains("nodes/3/gpu_id") && text.contains("\"garbage\""), "{text}");
-    assert!(text.contains("nodes/3/properties:2") && text.contains("simd_count 4x16"), "{text}");
+    assert!(
+        text.contains("KFD node 2 skipped: simd_per_cu is missing"),
+        "{text}"
+    );
+    assert!(
+        text.contains("nodes/3/gpu_id") && text.contains("\"garbage\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("nodes/3/properties:2") && text.contains("simd_count 4x16"),
+        "{text}"
+    );
     assert!(text.contains("KFD node 4 vanished"), "{text}");
     assert!(text.contains("nodes/1/io_links/1/properties"), "{text}");
     // Node 1 is intact; node 3 has no simd_count left, so it is not a GPU.
@@ -76,7 +114,14 @@ fn each_bad_file_is_named_and_the_rest_still_counts() {
 fn garbage_everywhere_never_panics() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let junk = ["", "\n\n", "simd_count\n", "\u{0}\u{1}\u{2}", "x 1 2 3", "simd_per_cu 0\nsimd_count 8\nlocation_id 99999999\n"];
+    let junk = [
+        "",
+        "\n\n",
+        "simd_count\n",
+        "\u{0}\u{1}\u{2}",
+        "x 1 2 3",
+        "simd_per_cu 0\nsimd_count 8\nlocation_id 99999999\n",
+    ];
     for (i, text) in junk.iter().enumerate() {
         write(root, &format!("nodes/{i}/properties"), text);
         write(root, &format!("nodes/{i}/gpu_id"), text);
