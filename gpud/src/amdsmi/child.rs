@@ -3,21 +3,18 @@
 //! Load, version, init and enumeration failures fail the whole probe; every other non-SUCCESS
 //! status becomes a [`CallError`] and leaves its field `None`.
 
-use std::path::PathBuf;
-use std::thread::sleep;
-use std::time::Duration;
+use std::{path::PathBuf, thread::sleep, time::Duration};
 
 use tracing::{debug, info, info_span, warn};
 
-use super::decode;
-use super::dynlib::{CallFail, Filled, Handle, Library, Session};
-use super::layout::{self, Family, Layout};
-use super::locate;
-use super::report::{
-    AmdSmiReport, CallError, LibVersion, ProbeFailure, ProcessEntry, ProcessorInfo,
+use super::{
+    LIB_DIR_ENV, LibrarySource, decode,
+    dynlib::{CallFail, Filled, Handle, Library, Session},
+    layout::{self, Family, Layout},
+    locate,
+    report::{AmdSmiReport, CallError, LibVersion, ProbeFailure, ProcessEntry, ProcessorInfo},
+    status::{self, status_name},
 };
-use super::status::{self, status_name};
-use super::{LIB_DIR_ENV, LibrarySource};
 
 /// `AMDSMI_INIT_AMD_GPUS`.
 const INIT_AMD_GPUS: u64 = 2;
@@ -425,8 +422,7 @@ impl<'s> Prober<'s, '_> {
 
 #[cfg(test)]
 mod tests {
-    use std::cell::Cell;
-    use std::time::Instant;
+    use std::{cell::Cell, time::Instant};
 
     use super::*;
 

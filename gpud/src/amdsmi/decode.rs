@@ -3,8 +3,10 @@
 //! Every decoder is a pure function over the zeroed over-sized buffer the library wrote into,
 //! reading fields by the offsets of the detected [`Layout`]. Short buffers read as zeros.
 
-use super::layout::{Layout, cstr_at, u32_at, u64_at};
-use super::report::{AsicInfo, EnumerationInfo, PartitionProfile, ProcessEntry, ProfileConfig};
+use super::{
+    layout::{Layout, cstr_at, u32_at, u64_at},
+    report::{AsicInfo, EnumerationInfo, PartitionProfile, ProcessEntry, ProfileConfig},
+};
 
 /// `AMDSMI_MAX_ACCELERATOR_PARTITIONS`: entries in the profile's `partition_id` out-array.
 pub const MAX_PARTITIONS: usize = 8;

@@ -7,12 +7,16 @@
 //! `u64`, handles as `*mut c_void`.
 #![allow(unsafe_code)]
 
-use std::ffi::{CStr, OsStr, c_char, c_uint, c_void};
-use std::marker::PhantomData;
-use std::ptr;
+use std::{
+    ffi::{CStr, OsStr, c_char, c_uint, c_void},
+    marker::PhantomData,
+    ptr,
+};
 
-use super::layout::{cstr_at, u32_at, u64_at};
-use super::status;
+use super::{
+    layout::{cstr_at, u32_at, u64_at},
+    status,
+};
 
 /// Bytes given to every single out-struct (the largest known one is 896 bytes).
 const STRUCT_BUF: usize = 4096;

@@ -1,13 +1,17 @@
 //! Finding and opening `libamd_smi.so` (hardware doc §1.1, §12.8).
 
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+};
 
 use tracing::{debug, info};
 
-use super::LibrarySource;
-use super::dynlib::{Library, OpenError};
-use super::report::ProbeFailure;
+use super::{
+    LibrarySource,
+    dynlib::{Library, OpenError},
+    report::ProbeFailure,
+};
 
 /// File names tried in every directory, newest ABI first.
 const FILE_NAMES: [&str; 5] = [

@@ -20,10 +20,7 @@ mod parent;
 pub mod report;
 mod status;
 
-use std::ffi::OsString;
-use std::io;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::{ffi::OsString, io, path::PathBuf, time::Duration};
 
 use report::{AmdSmiReport, ProbeFailure, ProbeOutcome};
 

@@ -1,17 +1,21 @@
 //! Parent side: runs the probe helper, enforces the timeout, decodes its one JSON document.
 
-use std::io::{self, Read};
-use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::{
+    io::{self, Read},
+    os::unix::process::ExitStatusExt,
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::mpsc::{self, Receiver},
+    thread,
+    time::{Duration, Instant},
+};
 
 use tracing::{debug, info, info_span, warn};
 
-use super::report::{AmdSmiReport, ProbeOutcome};
-use super::{AmdSmiConfig, AmdSmiError, LIB_DIR_ENV, LibrarySource, probe_args};
+use super::{
+    AmdSmiConfig, AmdSmiError, LIB_DIR_ENV, LibrarySource, probe_args,
+    report::{AmdSmiReport, ProbeOutcome},
+};
 
 /// Most stdout we keep (a report for 64 partitions is well under 1 MiB).
 const MAX_STDOUT: u64 = 16 << 20;
@@ -310,12 +314,14 @@ pub fn signal_name(signal: i32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::OsString;
-    use std::path::Path;
+    use std::{ffi::OsString, path::Path};
 
     use super::*;
-    use crate::amdsmi::report::{LibVersion, ProbeFailure};
-    use crate::amdsmi::{ProbeArgs, run_probe_command};
+    use crate::amdsmi::{
+        ProbeArgs,
+        report::{LibVersion, ProbeFailure},
+        run_probe_command,
+    };
 
     /// A helper that runs `script` under `/bin/sh` (the probe arguments become `$1...`).
     fn sh(script: &str, env: &[(&str, &str)], timeout: Duration) -> AmdSmiConfig {

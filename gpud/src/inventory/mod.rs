@@ -10,10 +10,9 @@ mod links;
 mod merge;
 mod restore;
 
-use serde::{Serialize, Serializer};
-
 pub use links::{GpuLink, LinkVia};
 pub use restore::{RestoreLink, RestoreProps};
+use serde::{Serialize, Serializer};
 
 use crate::{
     amdsmi::report::{AmdSmiReport, PartitionProfile},

@@ -1,12 +1,16 @@
 //! The raw-pointer boundary: panic guard, fault gate and out-parameter writers.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::MutexGuard;
-use std::time::Duration;
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::MutexGuard,
+    time::Duration,
+};
 
-use crate::fixture::Fault;
-use crate::state::{self, State};
-use crate::status;
+use crate::{
+    fixture::Fault,
+    state::{self, State},
+    status,
+};
 
 /// Runs an exported function body; a panic becomes `INTERNAL_EXCEPTION`
 /// instead of unwinding into C.

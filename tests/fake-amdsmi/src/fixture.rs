@@ -1,7 +1,6 @@
 //! The JSON fixture (see README.md): serde types, parsing and validation.
 
-use std::collections::BTreeMap;
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 use serde::Deserialize;
 

@@ -3,11 +3,13 @@
 
 use std::ffi::{c_char, c_void};
 
-use crate::ffi::{Need, call, get, put, put_c_string, put_slice};
-use crate::fixture::{Abi, Processor, Profile, compute_mode_name};
-use crate::layout::{self, MAX_PARTITIONS};
-use crate::state::State;
-use crate::status;
+use crate::{
+    ffi::{Need, call, get, put, put_c_string, put_slice},
+    fixture::{Abi, Processor, Profile, compute_mode_name},
+    layout::{self, MAX_PARTITIONS},
+    state::State,
+    status,
+};
 
 /// `NOT_SUPPORTED` for a symbol the fixture's ABI does not have.
 fn need_abi(st: &State, since: Abi) -> Result<Abi, u32> {

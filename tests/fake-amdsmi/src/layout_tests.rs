@@ -1,6 +1,5 @@
 use super::*;
-use crate::fixture::Loaded;
-use crate::fixture::tests::README_EXAMPLE;
+use crate::fixture::{Loaded, tests::README_EXAMPLE};
 
 fn u32_at(bytes: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap())

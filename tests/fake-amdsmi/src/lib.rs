@@ -15,8 +15,10 @@ mod layout;
 mod state;
 mod status;
 
-use std::ffi::{c_char, c_uint, c_void};
-use std::io::Write as _;
+use std::{
+    ffi::{c_char, c_uint, c_void},
+    io::Write as _,
+};
 
 use ffi::{Need, call, get, put, put_slice};
 use fixture::{Abi, Loaded};

@@ -2,15 +2,16 @@
 //! the environment variable are process-global, so everything runs in one
 //! test, step by step.
 
-use std::ffi::{CStr, c_void};
-use std::path::PathBuf;
-use std::ptr;
+use std::{
+    ffi::{CStr, c_void},
+    path::PathBuf,
+    ptr,
+};
 
 use serde_json::{Value, json};
 
 use super::*;
-use crate::gpu::*;
-use crate::status::*;
+use crate::{gpu::*, status::*};
 
 fn u32_at(bytes: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(bytes[off..off + 4].try_into().unwrap())

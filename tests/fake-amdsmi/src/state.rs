@@ -1,12 +1,15 @@
 //! Process-global state: the loaded fixture, the init refcount and handles.
 
-use std::ffi::{CStr, CString, c_void};
-use std::fmt;
-use std::ptr;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::{
+    ffi::{CStr, CString, c_void},
+    fmt, ptr,
+    sync::{Mutex, MutexGuard, PoisonError},
+};
 
-use crate::fixture::{Abi, Fault, Loaded, Processor};
-use crate::status;
+use crate::{
+    fixture::{Abi, Fault, Loaded, Processor},
+    status,
+};
 
 /// The environment variable naming the fixture file.
 pub(crate) const FIXTURE_ENV: &str = "FAKE_AMDSMI_FIXTURE";
