@@ -41,7 +41,7 @@ pub struct RestoreProps {
     /// Published, not compared.
     pub domain: u64,
     pub drm_render_minor: u64,
-    #[serde(serialize_with = "decimal")]
+    #[serde(serialize_with = "super::decimal_string")]
     pub hive_id: u64,
     /// The PCIe and XGMI io links CRIU reads (other types are ignored there).
     pub io_links: Vec<RestoreLink>,
@@ -52,10 +52,6 @@ pub struct RestoreProps {
 pub struct RestoreLink {
     pub link_type: LinkType,
     pub node_to: u32,
-}
-
-fn decimal<S: serde::Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.collect_str(value)
 }
 
 impl RestoreProps {
