@@ -13,9 +13,10 @@ use clap::{Parser, Subcommand};
 
 use crate::{
     amdsmi::{self, AmdSmiConfig, LibrarySource},
+    dbus::BusTarget,
     hostpaths::HostPaths,
-    inspect,
-    inventory::{self, AmdSmiSummary},
+    inspect, inventory,
+    service::{Service, ServiceConfig},
 };
 
 /// Where AMD SMI is looked for when `--amdsmi auto`.
@@ -36,6 +37,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the node's GPU inventory.
     Inspect(InspectArgs),
+    /// Serve the inventory on D-Bus as io.hami.AmdGpu1 (run by systemd).
+    Serve(ServeArgs),
     /// Load AMD SMI and print what it reports as JSON (run by amd-gpud itself
     /// in a child process, so that a library that hangs or aborts cannot take
     /// the daemon down).
@@ -75,6 +78,28 @@ pub struct InspectArgs {
     /// Print JSON (a stable contract for scripts) instead of a table.
     #[arg(long, env = "GPUD_JSON")]
     pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub host: HostArgs,
+    /// Bus address to connect to instead of the system bus (for tests).
+    #[arg(long, env = "GPUD_BUS_ADDRESS", value_name = "ADDR")]
+    pub bus_address: Option<String>,
+    /// Seconds between re-reads of the inventory; 0 turns them off (an
+    /// explicit Rescan call still works).
+    #[arg(
+        long,
+        env = "GPUD_RESCAN_INTERVAL",
+        default_value_t = 30,
+        value_name = "SECS"
+    )]
+    pub rescan_interval: u64,
+    /// UID of the device plugin's system user, allowed to call methods
+    /// besides root.
+    #[arg(long, env = "GPUD_PLUGIN_UID", default_value_t = ipc::PLUGIN_UID, value_name = "UID")]
+    pub plugin_uid: u32,
 }
 
 impl HostArgs {
@@ -151,11 +176,38 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Serve(args) => {
+            serve(args, helper)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::AmdsmiProbe(args) => {
             let code = amdsmi::run_probe_command(&args, out);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
         }
     }
+}
+
+/// Runs the D-Bus service until SIGTERM (or until the bus is lost: an error).
+///
+/// # Errors
+/// When the service cannot start or loses the bus or its name.
+pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
+    let config = ServiceConfig {
+        paths: args.host.host_paths(),
+        amdsmi: args.host.amdsmi_config(helper),
+        allowed_uids: vec![0, args.plugin_uid],
+    };
+    let bus = args
+        .bus_address
+        .map_or(BusTarget::System, BusTarget::Address);
+    let rescan = (args.rescan_interval > 0).then(|| Duration::from_secs(args.rescan_interval));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime
+        .block_on(crate::dbus::serve(Service::new(config), bus, rescan))
+        .context("amd-gpud serve")
 }
 
 /// Probes AMD SMI (when enabled) and reads the inventory.
@@ -177,38 +229,11 @@ pub fn inventory_with(
     paths: &HostPaths,
     config: &AmdSmiConfig,
 ) -> anyhow::Result<inventory::Inventory> {
-    let (report, summary) = probe_amdsmi(config);
+    let (report, summary) = inventory::probe_amdsmi(config);
     let mut inventory = inventory::discover(paths, report.as_ref())
         .with_context(|| format!("reading the GPU inventory under {}", paths.sys.display()))?;
     inventory.amdsmi = summary;
     Ok(inventory)
-}
-
-fn probe_amdsmi(config: &AmdSmiConfig) -> (Option<amdsmi::report::AmdSmiReport>, AmdSmiSummary) {
-    if matches!(config.library, LibrarySource::Disabled) {
-        return (None, summary("disabled", "--amdsmi none".to_owned()));
-    }
-    match amdsmi::probe(config) {
-        Ok(report) => {
-            let v = &report.version;
-            let detail = format!(
-                "{} (version {}.{}.{}, layout {})",
-                report.library, v.major, v.minor, v.release, report.layout
-            );
-            (Some(report), summary("loaded", detail))
-        }
-        Err(err) => {
-            tracing::warn!("AMD SMI unavailable, inventory from sysfs only: {err}");
-            (None, summary("unavailable", err.to_string()))
-        }
-    }
-}
-
-fn summary(state: &str, detail: String) -> AmdSmiSummary {
-    AmdSmiSummary {
-        state: state.to_owned(),
-        detail,
-    }
 }
 
 fn current_exe_helper() -> Vec<OsString> {
@@ -217,11 +242,20 @@ fn current_exe_helper() -> Vec<OsString> {
         .unwrap_or_else(|_| vec![OsString::from("amd-gpud")])
 }
 
+/// Logs to journald when systemd started us with the journal on stdout or
+/// stderr (`JOURNAL_STREAM`), else to stderr.
 fn init_tracing(filter: &str) {
+    use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(io::stderr)
-        .try_init();
+    let registry = tracing_subscriber::registry().with(filter);
+    let journald = std::env::var_os("JOURNAL_STREAM").and_then(|_| tracing_journald::layer().ok());
+    let _ = match journald {
+        Some(layer) => registry
+            .with(layer.with_syslog_identifier("amd-gpud".into()))
+            .try_init(),
+        None => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(io::stderr))
+            .try_init(),
+    };
 }

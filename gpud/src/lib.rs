@@ -5,12 +5,14 @@
 
 pub mod amdsmi;
 pub mod cli;
+pub mod dbus;
 pub mod drm;
 pub mod gfx;
 pub mod hostpaths;
 pub mod inspect;
 pub mod inventory;
 pub mod pci;
+pub mod service;
 pub mod topology;
 
 pub use hostpaths::HostPaths;

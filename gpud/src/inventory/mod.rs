@@ -15,7 +15,10 @@ pub use restore::{RestoreLink, RestoreProps};
 use serde::{Serialize, Serializer};
 
 use crate::{
-    amdsmi::report::{AmdSmiReport, PartitionProfile},
+    amdsmi::{
+        AmdSmiConfig, LibrarySource,
+        report::{AmdSmiReport, PartitionProfile},
+    },
     gfx::GfxTarget,
     hostpaths::HostPaths,
     pci::PciAddress,
@@ -54,7 +57,7 @@ pub struct AmdSmiSummary {
 }
 
 /// A physical GPU and its compute partitions.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Gpu {
     /// PCI address of the physical device.
     pub bdf: PciAddress,
@@ -93,7 +96,7 @@ pub struct Gpu {
 }
 
 /// One compute partition (one KFD GPU node) of a GPU.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Partition {
     /// Partition index within the GPU (0 when unpartitioned).
     pub index: u32,
@@ -115,6 +118,40 @@ pub struct Partition {
 
 fn decimal_string<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(value)
+}
+
+/// Runs the AMD SMI probe `config` asks for and says how it went, in one log
+/// line when the library is unavailable.
+pub fn probe_amdsmi(config: &AmdSmiConfig) -> (Option<AmdSmiReport>, AmdSmiSummary) {
+    if matches!(config.library, LibrarySource::Disabled) {
+        return (
+            None,
+            AmdSmiSummary::new("disabled", "AMD SMI switched off".to_owned()),
+        );
+    }
+    match crate::amdsmi::probe(config) {
+        Ok(report) => {
+            let v = &report.version;
+            let detail = format!(
+                "{} (version {}.{}.{}, layout {})",
+                report.library, v.major, v.minor, v.release, report.layout
+            );
+            (Some(report), AmdSmiSummary::new("loaded", detail))
+        }
+        Err(err) => {
+            tracing::warn!("AMD SMI unavailable, inventory from sysfs only: {err}");
+            (None, AmdSmiSummary::new("unavailable", err.to_string()))
+        }
+    }
+}
+
+impl AmdSmiSummary {
+    pub fn new(state: &str, detail: String) -> Self {
+        Self {
+            state: state.to_owned(),
+            detail,
+        }
+    }
 }
 
 impl Inventory {

@@ -1,0 +1,218 @@
+//! Turning a registry [`Update`] into objects and signals on the bus.
+
+use std::{borrow::Cow, collections::HashMap};
+
+use ipc::{GPU_INTERFACE, NODE_INTERFACE, PARTITION_INTERFACE, gpu_path, partition_path};
+use zbus::{
+    Connection,
+    fdo::Properties,
+    names::InterfaceName,
+    object_server::{Interface, InterfaceRef},
+    zvariant::{OwnedObjectPath, Value},
+};
+
+use super::{
+    node::{NodeObject, Shared},
+    objects::{GpuObject, PartitionObject},
+    views::{GpuView, PartitionView, changed},
+};
+use crate::service::{ObjectKey, Update};
+
+/// Why a rescan could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("reading the inventory: {0}")]
+    Inventory(#[from] crate::topology::TopologyError),
+    #[error("the rescan task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("publishing on the bus: {0}")]
+    Bus(#[from] zbus::Error),
+}
+
+/// A view of one object, ready to publish.
+enum View {
+    Gpu(GpuView),
+    Partition(PartitionView),
+}
+
+fn path(key: ObjectKey) -> OwnedObjectPath {
+    match key {
+        ObjectKey::Gpu(bdf) => gpu_path(&bdf.to_string()),
+        ObjectKey::Partition(bdf, index) => partition_path(&bdf.to_string(), index),
+    }
+}
+
+/// Reads the inventory again (off the executor) and publishes the change.
+/// Returns the inventory generation after it.
+///
+/// # Errors
+/// When the topology cannot be read or the bus refuses the update.
+pub async fn rescan(
+    conn: &Connection,
+    shared: &Shared,
+    reprobe: bool,
+) -> Result<u64, PublishError> {
+    let service = shared.clone();
+    let (update, meta_changed) = tokio::task::spawn_blocking(move || {
+        let mut service = service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = service.meta().clone();
+        let update = service.rescan(reprobe)?;
+        Ok::<_, crate::topology::TopologyError>((update, before != *service.meta()))
+    })
+    .await??;
+    publish(conn, shared, &update, meta_changed).await?;
+    Ok(generation(shared))
+}
+
+fn generation(shared: &Shared) -> u64 {
+    let service = shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    service.registry().generation()
+}
+
+/// Publishes `update`: new objects are added (the ObjectManager announces
+/// them), changed and missing ones emit `PropertiesChanged`, and the node
+/// emits `InventoryChanged`.
+///
+/// # Errors
+/// When the bus refuses an object or a signal.
+pub async fn publish(
+    conn: &Connection,
+    shared: &Shared,
+    update: &Update,
+    meta_changed: bool,
+) -> zbus::Result<()> {
+    let views = views(shared, update);
+    let server = conn.object_server();
+    for (key, view) in views {
+        let path = path(key);
+        let is_new = update.added.contains(&key);
+        match view {
+            View::Gpu(view) if is_new => {
+                server.at(&path, GpuObject { view }).await?;
+            }
+            View::Partition(view) if is_new => {
+                server.at(&path, PartitionObject { view }).await?;
+            }
+            View::Gpu(view) => {
+                let iface = server.interface::<_, GpuObject>(&path).await?;
+                let old = std::mem::replace(&mut iface.get_mut().await.view, view.clone());
+                announce(
+                    &iface,
+                    GPU_INTERFACE,
+                    changed(old.properties(), view.properties()),
+                )
+                .await?;
+            }
+            View::Partition(view) => {
+                let iface = server.interface::<_, PartitionObject>(&path).await?;
+                let old = std::mem::replace(&mut iface.get_mut().await.view, view.clone());
+                let diff = changed(old.properties(), view.properties());
+                announce(&iface, PARTITION_INTERFACE, diff).await?;
+            }
+        }
+    }
+    if update.is_empty() && !meta_changed {
+        return Ok(());
+    }
+    announce_node(conn, shared, update).await
+}
+
+async fn announce<I: Interface>(
+    iface: &InterfaceRef<I>,
+    interface: &'static str,
+    diff: HashMap<&'static str, Value<'static>>,
+) -> zbus::Result<()> {
+    if diff.is_empty() {
+        return Ok(());
+    }
+    let name = InterfaceName::from_static_str_unchecked(interface);
+    Properties::properties_changed(iface.signal_emitter(), name, diff, Cow::Borrowed(&[])).await
+}
+
+async fn announce_node(conn: &Connection, shared: &Shared, update: &Update) -> zbus::Result<()> {
+    let iface = conn
+        .object_server()
+        .interface::<_, NodeObject>(ipc::ROOT_PATH)
+        .await?;
+    let (generation, props) = {
+        let service = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let meta = service.meta();
+        let gpus: Vec<OwnedObjectPath> = service
+            .registry()
+            .gpus()
+            .map(|(g, _)| gpu_path(&g.bdf.to_string()))
+            .collect();
+        let props: HashMap<&'static str, Value<'static>> = [
+            ("Generation", Value::from(service.registry().generation())),
+            (
+                "KfdGeneration",
+                Value::from(meta.kfd_generation.unwrap_or(0)),
+            ),
+            ("Gpus", Value::from(gpus)),
+            (
+                "AmdSmi",
+                Value::from(format!("{}: {}", meta.amdsmi.state, meta.amdsmi.detail)),
+            ),
+            ("Warnings", Value::from(meta.warnings.clone())),
+        ]
+        .into_iter()
+        .collect();
+        (service.registry().generation(), props)
+    };
+    announce(&iface, NODE_INTERFACE, props).await?;
+    let paths = |keys: &[ObjectKey]| keys.iter().map(|k| path(*k)).collect::<Vec<_>>();
+    let (added, missing, changed) = (
+        paths(&update.added),
+        paths(&update.missing),
+        paths(&update.changed),
+    );
+    NodeObject::inventory_changed(
+        iface.signal_emitter(),
+        generation,
+        as_refs(&added),
+        as_refs(&missing),
+        as_refs(&changed),
+    )
+    .await
+}
+
+fn as_refs(paths: &[OwnedObjectPath]) -> Vec<zbus::zvariant::ObjectPath<'_>> {
+    paths.iter().map(|p| p.as_ref()).collect()
+}
+
+fn views(shared: &Shared, update: &Update) -> Vec<(ObjectKey, View)> {
+    let service = shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let registry = service.registry();
+    // GPUs before their partitions, so a partition's `Gpu` path exists first.
+    let mut keys: Vec<ObjectKey> = update
+        .added
+        .iter()
+        .chain(&update.missing)
+        .chain(&update.changed)
+        .copied()
+        .collect();
+    keys.sort();
+    keys.into_iter()
+        .filter_map(|key| {
+            let view = match key {
+                ObjectKey::Gpu(bdf) => {
+                    let (gpu, presence) = registry.gpu(bdf)?;
+                    View::Gpu(GpuView::new(gpu, presence, registry))
+                }
+                ObjectKey::Partition(bdf, index) => {
+                    let (part, presence) = registry.partition(bdf, index)?;
+                    View::Partition(PartitionView::new(part, presence, &bdf.to_string()))
+                }
+            };
+            Some((key, view))
+        })
+        .collect()
+}

@@ -1,0 +1,127 @@
+//! The daemon's core, independent of D-Bus: the configuration, the registry
+//! of published devices, and re-reading the inventory.
+//!
+//! AMD SMI is probed at start, on an explicit rescan, and whenever the KFD
+//! topology's `generation_id` moves (a partition switch, a driver reload);
+//! periodic rescans otherwise read sysfs only.
+
+pub mod registry;
+
+use tracing::info;
+
+pub use registry::{ObjectKey, Presence, Registry, Update};
+
+use crate::{
+    amdsmi::{AmdSmiConfig, report::AmdSmiReport},
+    hostpaths::HostPaths,
+    inventory::{self, AmdSmiSummary, Inventory},
+    topology::TopologyError,
+};
+
+/// What the service needs to run.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    pub paths: HostPaths,
+    pub amdsmi: AmdSmiConfig,
+    /// UIDs allowed to call methods (root and the plugin's).
+    pub allowed_uids: Vec<u32>,
+}
+
+/// Inventory-wide facts of the last read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta {
+    pub kfd_generation: Option<u64>,
+    pub amdsmi: AmdSmiSummary,
+    pub warnings: Vec<String>,
+}
+
+/// The state behind every published object.
+#[derive(Debug)]
+pub struct Service {
+    config: ServiceConfig,
+    registry: Registry,
+    meta: Meta,
+    amdsmi: Option<AmdSmiReport>,
+}
+
+impl Service {
+    pub fn new(config: ServiceConfig) -> Self {
+        Self {
+            config,
+            registry: Registry::default(),
+            meta: Meta::default(),
+            amdsmi: None,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    pub fn config(&self) -> &ServiceConfig {
+        &self.config
+    }
+
+    /// Whether `uid` may call methods.
+    pub fn allows(&self, uid: u32) -> bool {
+        self.config.allowed_uids.contains(&uid)
+    }
+
+    /// Reads the inventory again (blocking I/O: call it off the async
+    /// executor) and folds it into the registry. `reprobe` forces a new AMD
+    /// SMI probe.
+    ///
+    /// # Errors
+    /// When the KFD topology cannot be read at all; the registry is unchanged.
+    pub fn rescan(&mut self, reprobe: bool) -> Result<Update, TopologyError> {
+        let first = self.meta.amdsmi.state.is_empty();
+        if reprobe || first {
+            self.probe();
+        }
+        let mut inventory = inventory::discover(&self.config.paths, self.amdsmi.as_ref())?;
+        let moved = !first && inventory.generation_id != self.meta.kfd_generation;
+        if moved && !reprobe {
+            info!(
+                before = ?self.meta.kfd_generation,
+                after = ?inventory.generation_id,
+                "KFD topology generation moved; probing AMD SMI again"
+            );
+            self.probe();
+            inventory = inventory::discover(&self.config.paths, self.amdsmi.as_ref())?;
+        }
+        Ok(self.fold(inventory))
+    }
+
+    fn probe(&mut self) {
+        let (report, summary) = inventory::probe_amdsmi(&self.config.amdsmi);
+        self.amdsmi = report;
+        self.meta.amdsmi = summary;
+    }
+
+    fn fold(&mut self, inventory: Inventory) -> Update {
+        for warning in inventory
+            .warnings
+            .iter()
+            .filter(|w| !self.meta.warnings.contains(w))
+        {
+            tracing::warn!("{warning}");
+        }
+        self.meta.kfd_generation = inventory.generation_id;
+        self.meta.warnings = inventory.warnings.clone();
+        let update = self.registry.apply(&inventory);
+        if !update.is_empty() {
+            info!(
+                added = update.added.len(),
+                missing = update.missing.len(),
+                changed = update.changed.len(),
+                generation = self.registry.generation(),
+                "inventory changed"
+            );
+        }
+        update
+    }
+}

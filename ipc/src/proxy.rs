@@ -1,0 +1,158 @@
+//! Client proxies for the plugin (and for tests and tools).
+//!
+//! The generated proxies cache properties and follow `PropertiesChanged`;
+//! [`read_gpu`] and [`read_partition`] read a whole object in one round trip.
+
+use zbus::{Connection, fdo::PropertiesProxy, names::InterfaceName, proxy, zvariant::ObjectPath};
+
+use crate::{
+    ApiError,
+    names::{GPU_INTERFACE, PARTITION_INTERFACE},
+    types::{GpuInfo, Link, PartitionInfo},
+};
+
+/// The node object: `io.hami.AmdGpu1.Node` at `/io/hami/AmdGpu1`.
+#[proxy(
+    interface = "io.hami.AmdGpu1.Node",
+    default_service = "io.hami.AmdGpu1",
+    default_path = "/io/hami/AmdGpu1"
+)]
+pub trait Node {
+    /// Reads the inventory again now; returns the inventory generation after it.
+    fn rescan(&self) -> Result<u64, ApiError>;
+
+    /// Emitted after every change of the inventory: the new generation and the
+    /// GPU and partition objects added, removed (gone from the host but kept
+    /// with health `Missing`) and changed.
+    #[zbus(signal)]
+    fn inventory_changed(
+        &self,
+        generation: u64,
+        added: Vec<ObjectPath<'_>>,
+        missing: Vec<ObjectPath<'_>>,
+        changed: Vec<ObjectPath<'_>>,
+    ) -> zbus::Result<()>;
+
+    /// Counts changes of the inventory since the daemon started.
+    #[zbus(property)]
+    fn generation(&self) -> zbus::Result<u64>;
+    /// KFD `generation_id` at the last read; 0 when the kernel has none.
+    #[zbus(property)]
+    fn kfd_generation(&self) -> zbus::Result<u64>;
+    /// Every GPU object, ordered by PCI address.
+    #[zbus(property)]
+    fn gpus(&self) -> zbus::Result<Vec<zbus::zvariant::OwnedObjectPath>>;
+    /// `loaded: ...`, `unavailable: <reason>` or `disabled: ...`.
+    #[zbus(property)]
+    fn amd_smi(&self) -> zbus::Result<String>;
+    /// Problems found at the last read, each naming its file or device.
+    #[zbus(property)]
+    fn warnings(&self) -> zbus::Result<Vec<String>>;
+}
+
+/// A GPU object: `io.hami.AmdGpu1.Gpu`.
+#[proxy(interface = "io.hami.AmdGpu1.Gpu", default_service = "io.hami.AmdGpu1")]
+pub trait Gpu {
+    #[zbus(property)]
+    fn bdf(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn rocr_uuid(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn unique_id(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn gfx(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn compute_units(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn cus_per_wgp(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn vram_bytes(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn numa_node(&self) -> zbus::Result<i32>;
+    #[zbus(property)]
+    fn market_name(&self) -> zbus::Result<String>;
+    #[zbus(property, name = "AmdSmiUuid")]
+    fn amdsmi_uuid(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn vendor_id(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn device_id(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn compute_partition(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn memory_partition(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn available_compute_partitions(&self) -> zbus::Result<Vec<String>>;
+    #[zbus(property)]
+    fn health(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn partitions(&self) -> zbus::Result<Vec<zbus::zvariant::OwnedObjectPath>>;
+    #[zbus(property)]
+    fn links(&self) -> zbus::Result<Vec<Link>>;
+}
+
+/// A partition object: `io.hami.AmdGpu1.Partition`.
+#[proxy(
+    interface = "io.hami.AmdGpu1.Partition",
+    default_service = "io.hami.AmdGpu1"
+)]
+pub trait Partition {
+    #[zbus(property)]
+    fn index(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn kfd_node(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn gpu_id(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn render_minor(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn card_minor(&self) -> zbus::Result<i32>;
+    #[zbus(property)]
+    fn bdf(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn compute_units(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn num_xcc(&self) -> zbus::Result<u32>;
+    #[zbus(property)]
+    fn vram_bytes(&self) -> zbus::Result<u64>;
+    #[zbus(property)]
+    fn xcp(&self) -> zbus::Result<i32>;
+    #[zbus(property)]
+    fn gpu(&self) -> zbus::Result<zbus::zvariant::OwnedObjectPath>;
+    #[zbus(property)]
+    fn health(&self) -> zbus::Result<String>;
+}
+
+async fn get_all(
+    conn: &Connection,
+    path: &ObjectPath<'_>,
+    interface: &'static str,
+) -> Result<std::collections::HashMap<String, zbus::zvariant::OwnedValue>, ApiError> {
+    let props = PropertiesProxy::builder(conn)
+        .destination(crate::BUS_NAME)?
+        .path(path.to_owned())?
+        .cache_properties(zbus::proxy::CacheProperties::No)
+        .build()
+        .await?;
+    let name = InterfaceName::from_static_str_unchecked(interface);
+    Ok(props.get_all(name).await.map_err(zbus::Error::from)?)
+}
+
+/// Reads every property of the GPU object at `path` in one round trip.
+///
+/// # Errors
+/// When the call fails or an answer is missing or mistyped.
+pub async fn read_gpu(conn: &Connection, path: &ObjectPath<'_>) -> Result<GpuInfo, ApiError> {
+    GpuInfo::from_properties(get_all(conn, path, GPU_INTERFACE).await?)
+}
+
+/// Reads every property of the partition object at `path` in one round trip.
+///
+/// # Errors
+/// When the call fails or an answer is missing or mistyped.
+pub async fn read_partition(
+    conn: &Connection,
+    path: &ObjectPath<'_>,
+) -> Result<PartitionInfo, ApiError> {
+    PartitionInfo::from_properties(get_all(conn, path, PARTITION_INTERFACE).await?)
+}

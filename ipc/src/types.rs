@@ -1,0 +1,138 @@
+//! Values that cross the bus, and typed snapshots of the objects' properties.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use zbus::zvariant::{OwnedObjectPath, OwnedValue, Type, Value};
+
+use crate::ApiError;
+
+/// A link from one GPU to another (`(ssstu)`).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, Value, zbus::zvariant::OwnedValue,
+)]
+pub struct Link {
+    /// PCI address of the other GPU.
+    pub peer: String,
+    /// `pcie`, `xgmi`, or `other-<CRAT type>`.
+    pub link_type: String,
+    /// `io_link`, `p2p_link` or `host` (no KFD entry: through the CPUs).
+    pub via: String,
+    /// KFD weight; 0 when unknown.
+    pub weight: u64,
+    /// Hops; 0 when unknown.
+    pub hops: u32,
+}
+
+/// Every property of a GPU object, read in one `GetAll`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    pub bdf: String,
+    /// `GPU-<16 hex digits>`; empty when the GPU has no unique id.
+    pub rocr_uuid: String,
+    /// KFD `unique_id` in decimal.
+    pub unique_id: String,
+    /// `gfx942`, ...; empty when unknown.
+    pub gfx: String,
+    pub compute_units: u32,
+    pub cus_per_wgp: u32,
+    pub vram_bytes: u64,
+    /// -1 when unknown.
+    pub numa_node: i32,
+    pub market_name: String,
+    pub amdsmi_uuid: String,
+    pub vendor_id: u32,
+    pub device_id: u32,
+    /// Empty when the GPU has no compute partitions.
+    pub compute_partition: String,
+    pub memory_partition: String,
+    pub available_compute_partitions: Vec<String>,
+    pub health: String,
+    pub partitions: Vec<OwnedObjectPath>,
+    pub links: Vec<Link>,
+}
+
+/// Every property of a partition object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartitionInfo {
+    pub index: u32,
+    pub kfd_node: u32,
+    /// 0 when unknown.
+    pub gpu_id: u64,
+    /// 0 when the partition has no render node.
+    pub render_minor: u32,
+    /// -1 when unknown.
+    pub card_minor: i32,
+    pub bdf: String,
+    pub compute_units: u32,
+    pub num_xcc: u32,
+    pub vram_bytes: u64,
+    /// XCP platform device number; -1 when served by the PCI function.
+    pub xcp: i32,
+    pub gpu: OwnedObjectPath,
+    pub health: String,
+}
+
+/// Reads property `name` of type `T` out of a `GetAll` answer.
+fn take<T>(props: &mut HashMap<String, OwnedValue>, name: &str) -> Result<T, ApiError>
+where
+    T: TryFrom<OwnedValue>,
+    T::Error: std::fmt::Display,
+{
+    let value = props
+        .remove(name)
+        .ok_or_else(|| ApiError::Failed(format!("property {name} is missing")))?;
+    T::try_from(value).map_err(|e| ApiError::Failed(format!("property {name}: {e}")))
+}
+
+impl GpuInfo {
+    /// Decodes a `GetAll("io.hami.AmdGpu1.Gpu")` answer.
+    ///
+    /// # Errors
+    /// [`ApiError::Failed`] naming the property that is missing or mistyped.
+    pub fn from_properties(mut p: HashMap<String, OwnedValue>) -> Result<Self, ApiError> {
+        Ok(Self {
+            bdf: take(&mut p, "Bdf")?,
+            rocr_uuid: take(&mut p, "RocrUuid")?,
+            unique_id: take(&mut p, "UniqueId")?,
+            gfx: take(&mut p, "Gfx")?,
+            compute_units: take(&mut p, "ComputeUnits")?,
+            cus_per_wgp: take(&mut p, "CusPerWgp")?,
+            vram_bytes: take(&mut p, "VramBytes")?,
+            numa_node: take(&mut p, "NumaNode")?,
+            market_name: take(&mut p, "MarketName")?,
+            amdsmi_uuid: take(&mut p, "AmdSmiUuid")?,
+            vendor_id: take(&mut p, "VendorId")?,
+            device_id: take(&mut p, "DeviceId")?,
+            compute_partition: take(&mut p, "ComputePartition")?,
+            memory_partition: take(&mut p, "MemoryPartition")?,
+            available_compute_partitions: take(&mut p, "AvailableComputePartitions")?,
+            health: take(&mut p, "Health")?,
+            partitions: take(&mut p, "Partitions")?,
+            links: take(&mut p, "Links")?,
+        })
+    }
+}
+
+impl PartitionInfo {
+    /// Decodes a `GetAll("io.hami.AmdGpu1.Partition")` answer.
+    ///
+    /// # Errors
+    /// [`ApiError::Failed`] naming the property that is missing or mistyped.
+    pub fn from_properties(mut p: HashMap<String, OwnedValue>) -> Result<Self, ApiError> {
+        Ok(Self {
+            index: take(&mut p, "Index")?,
+            kfd_node: take(&mut p, "KfdNode")?,
+            gpu_id: take(&mut p, "GpuId")?,
+            render_minor: take(&mut p, "RenderMinor")?,
+            card_minor: take(&mut p, "CardMinor")?,
+            bdf: take(&mut p, "Bdf")?,
+            compute_units: take(&mut p, "ComputeUnits")?,
+            num_xcc: take(&mut p, "NumXcc")?,
+            vram_bytes: take(&mut p, "VramBytes")?,
+            xcp: take(&mut p, "Xcp")?,
+            gpu: take(&mut p, "Gpu")?,
+            health: take(&mut p, "Health")?,
+        })
+    }
+}
