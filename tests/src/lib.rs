@@ -2,6 +2,9 @@
 //!
 //! [`fixture`] writes fake host roots (KFD topology, DRM/PCI sysfs, `/dev` nodes and the
 //! fake AMD SMI library's JSON fixture) for named machine shapes.
+//! [`bus`] runs a private system-type `dbus-daemon` with the shipped policy and calls it as
+//! other UIDs.
 
+pub mod bus;
 pub mod fake_amdsmi;
 pub mod fixture;

@@ -86,7 +86,11 @@ pub async fn serve(
         .map_err(ServeError::FirstRead)?;
     let reply = conn
         .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
-        .await?;
+        .await
+        .map_err(|e| match e {
+            zbus::Error::NameTaken => ServeError::NameTaken,
+            other => other.into(),
+        })?;
     if reply != RequestNameReply::PrimaryOwner {
         return Err(ServeError::NameTaken);
     }
