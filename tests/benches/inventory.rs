@@ -128,29 +128,12 @@ fn ms(d: Duration) -> String {
 /// Builds a release amd-gpud (own target dir) and returns the peak RSS in MiB
 /// of `amd-gpud inspect --json --amdsmi none` on the tree under `root`.
 fn peak_rss_of_inspect(root: &Path) -> anyhow::Result<f64> {
-    let ws = workspace_root();
-    let target = ws.join("target/bench-gpud");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(&ws)
-        .args([
-            "build",
-            "--quiet",
-            "--release",
-            "-p",
-            "gpud",
-            "--bin",
-            "amd-gpud",
-            "--target-dir",
-        ])
-        .arg(&target)
-        .status()?;
-    anyhow::ensure!(status.success(), "building amd-gpud failed: {status}");
+    let gpud = tests::release::amd_gpud()?;
     // ru_maxrss of RUSAGE_CHILDREN covers every child ever waited for, the
     // cargo build above included; so a fresh copy of this binary runs the
     // inspection as its only child and reports that.
     let output = Command::new(std::env::current_exe()?)
-        .env(RSS_CHILD, target.join("release/amd-gpud"))
+        .env(RSS_CHILD, &gpud)
         .arg(root)
         .output()?;
     anyhow::ensure!(

@@ -8,3 +8,4 @@
 pub mod bus;
 pub mod fake_amdsmi;
 pub mod fixture;
+pub mod release;
