@@ -35,17 +35,33 @@ fn main() -> anyhow::Result<()> {
     let gpud = tests::release::amd_gpud()?;
     let root = fixture::scratch_dir()?;
     let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
-    fixture::build(&spec, root.path(), &BuildOptions { drm: true, amdsmi_abi: None })?;
+    fixture::build(
+        &spec,
+        root.path(),
+        &BuildOptions {
+            drm: true,
+            amdsmi_abi: None,
+        },
+    )?;
     let bus = PrivateBus::start(Policy::Shipped)?;
     let daemon = Daemon(
         Command::new(&gpud)
-            .args(["serve", "--amdsmi", "none", "--bus-address", &bus.address, "--host-root"])
+            .args([
+                "serve",
+                "--amdsmi",
+                "none",
+                "--bus-address",
+                &bus.address,
+                "--host-root",
+            ])
             .arg(root.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?,
     );
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let (ping, read) = rt.block_on(round_trips(&bus))?;
     let pid = daemon.0.id();
     let (rss_kib, hwm_kib) = memory(pid)?;
@@ -53,28 +69,54 @@ fn main() -> anyhow::Result<()> {
     std::thread::sleep(IDLE);
     let idle_ticks = cpu_ticks(pid)? - before;
     let (rss_after, _) = memory(pid)?;
-    println!("| measure (mi300x-8-cpx: 8 GPUs, 64 partitions; {ROUNDS} interleaved rounds) | median | p99 |");
+    println!(
+        "| measure (mi300x-8-cpx: 8 GPUs, 64 partitions; {ROUNDS} interleaved rounds) | median | p99 |"
+    );
     println!("|---|---|---|");
-    println!("| floor: `Peer.Ping` round trip to amd-gpud | {} | {} |", us(ping.0), us(ping.1));
-    println!("| `ipc::proxy::read_gpu` (one GetAll, 18 properties) | {} | {} |", us(read.0), us(read.1));
+    println!(
+        "| floor: `Peer.Ping` round trip to amd-gpud | {} | {} |",
+        us(ping.0),
+        us(ping.1)
+    );
+    println!(
+        "| `ipc::proxy::read_gpu` (one GetAll, 18 properties) | {} | {} |",
+        us(read.0),
+        us(read.1)
+    );
     println!(
         "| ratio of medians (target <= 2.0) | {:.2} | |",
         read.0.as_secs_f64() / ping.0.as_secs_f64()
     );
-    println!("| amd-gpud RSS after the run / peak (target <= 8 MiB) | {} / {} | |", mib(rss_kib), mib(hwm_kib));
-    println!("| amd-gpud RSS after {}s idle | {} | |", IDLE.as_secs(), mib(rss_after));
-    println!("| CPU time used in {}s idle (clock ticks of 10 ms) | {idle_ticks} | |", IDLE.as_secs());
+    println!(
+        "| amd-gpud RSS after the run / peak (target <= 8 MiB) | {} / {} | |",
+        mib(rss_kib),
+        mib(hwm_kib)
+    );
+    println!(
+        "| amd-gpud RSS after {}s idle | {} | |",
+        IDLE.as_secs(),
+        mib(rss_after)
+    );
+    println!(
+        "| CPU time used in {}s idle (clock ticks of 10 ms) | {idle_ticks} | |",
+        IDLE.as_secs()
+    );
     Ok(())
 }
 
 type Stats = (Duration, Duration);
 
 async fn round_trips(bus: &PrivateBus) -> anyhow::Result<(Stats, Stats)> {
-    let conn = zbus::connection::Builder::address(bus.address.as_str())?.build().await?;
+    let conn = zbus::connection::Builder::address(bus.address.as_str())?
+        .build()
+        .await?;
     let dbus = zbus::fdo::DBusProxy::new(&conn).await?;
     let start = Instant::now();
     while !dbus.name_has_owner(ipc::BUS_NAME.try_into()?).await? {
-        anyhow::ensure!(start.elapsed() < Duration::from_secs(30), "amd-gpud did not start");
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "amd-gpud did not start"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let peer = zbus::fdo::PeerProxy::builder(&conn)

@@ -15,12 +15,22 @@ pub fn amd_gpud() -> io::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(&ws)
-        .args(["build", "--quiet", "--release", "-p", "gpud", "--bin", "amd-gpud"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "gpud",
+            "--bin",
+            "amd-gpud",
+        ])
         .arg("--target-dir")
         .arg(&target)
         .status()?;
     if !status.success() {
-        return Err(io::Error::other(format!("building amd-gpud failed: {status}")));
+        return Err(io::Error::other(format!(
+            "building amd-gpud failed: {status}"
+        )));
     }
     Ok(target.join("release/amd-gpud"))
 }
