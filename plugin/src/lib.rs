@@ -1,43 +1,98 @@
 //! `amd-device-plugin`: the Kubernetes face of the stack.
 //!
-//! It talks to kubelet (crate `proto`) and to `amd-gpud` over D-Bus (crate
-//! `ipc`). The kubelet server, HAMi's annotation protocol and the sandbox are
-//! built on top of this skeleton.
+//! It follows amd-gpud's inventory over D-Bus (crate `ipc`), offers each GPU
+//! to kubelet as `count` devices (crate `proto`), and re-registers by itself
+//! whenever kubelet restarts. Everything privileged is amd-gpud's job.
 
-use clap::Parser;
+#![deny(unsafe_code)]
 
-/// Command line of `amd-device-plugin`.
-#[derive(Debug, Parser)]
-#[command(name = "amd-device-plugin", version, about)]
-pub struct Cli {
-    /// D-Bus name of the privileged daemon to talk to.
-    #[arg(long, env = "AMDGPU_DP_GPUD_NAME", default_value = ipc::BUS_NAME)]
-    pub gpud_name: String,
-}
+pub mod allocator;
+pub mod config;
+pub mod devices;
+pub mod gpud_client;
+pub mod kubelet;
 
-/// Runs the plugin with parsed arguments.
+use std::process::ExitCode;
+
+use anyhow::Context;
+pub use config::Cli;
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::{config::KubeAccess, devices::DeviceTable, gpud_client::Bus};
+
+/// Runs the plugin until SIGTERM or SIGINT.
 ///
 /// # Errors
-/// Always, for now: the kubelet server is not built yet, and the binary says
-/// so instead of pretending to serve.
-pub fn run(cli: &Cli) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "amd-device-plugin cannot serve yet: the kubelet server ({} API) is not built; \
-         it would talk to {}",
-        proto::DEVICE_PLUGIN_VERSION,
-        cli.gpud_name
-    )
+/// When the runtime or the plugin socket cannot be set up.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    init_tracing(&cli.log);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(cli))?;
+    Ok(ExitCode::SUCCESS)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refuses_to_pretend_to_serve() {
-        let cli = Cli::parse_from(["amd-device-plugin"]);
-        let err = run(&cli).unwrap_err().to_string();
-        assert!(err.contains("not built"), "{err}");
-        assert_eq!(cli.gpud_name, "io.hami.AmdGpu1");
+/// The plugin's main task: follow amd-gpud, keep the device table, serve kubelet.
+///
+/// # Errors
+/// When the plugin socket cannot be bound or the signal handlers installed.
+pub async fn serve(cli: Cli) -> anyhow::Result<()> {
+    if cli.kube != KubeAccess::None {
+        info!(
+            "the Kubernetes API side (HAMi's protocol) is not part of this build; \
+             Allocate is refused with an explanation"
+        );
     }
+    let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
+    let snapshots = gpud_client::spawn(bus);
+    let devices = follow_devices(snapshots, cli.split_count);
+    let config = kubelet::KubeletConfig {
+        kubelet_socket: cli.kubelet_socket(),
+        socket: cli.socket_path(),
+        resource_name: cli.resource_name.clone(),
+        policy: cli.allocator_policy,
+        kube: cli.kube.clone(),
+    };
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),
+        }
+    };
+    kubelet::run(config, devices, shutdown).await?;
+    Ok(())
+}
+
+/// Keeps a device table in step with the snapshots.
+pub fn follow_devices(
+    mut snapshots: watch::Receiver<gpud_client::Snapshot>,
+    split_count: u32,
+) -> watch::Receiver<DeviceTable> {
+    let (tx, rx) = watch::channel(DeviceTable::build(&snapshots.borrow_and_update(), split_count));
+    tokio::spawn(async move {
+        while snapshots.changed().await.is_ok() {
+            let table = DeviceTable::build(&snapshots.borrow_and_update(), split_count);
+            tx.send_if_modified(|t| {
+                let changed = *t != table;
+                *t = table;
+                changed
+            });
+        }
+    });
+    rx
+}
+
+fn init_tracing(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -1,5 +1,13 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    plugin::run(&plugin::Cli::parse())
+fn main() -> ExitCode {
+    match plugin::run(plugin::Cli::parse()) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("amd-device-plugin: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,99 @@
+//! Command line of `amd-device-plugin`. Every flag has an environment twin
+//! (`AMDGPU_DP_*`, and `NODE_NAME` from the downward API).
+
+use std::{path::PathBuf, str::FromStr};
+
+use clap::Parser;
+
+use crate::allocator::Policy;
+
+/// Default kubelet device-plugin directory.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+/// `amd-device-plugin`: the kubelet device plugin for AMD GPUs under HAMi.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "amd-device-plugin", version, about)]
+pub struct Cli {
+    /// Kubelet's device-plugin directory (holds kubelet.sock and our socket).
+    #[arg(long, env = "AMDGPU_DP_KUBELET_DIR", default_value = DEFAULT_KUBELET_DIR, value_name = "DIR")]
+    pub kubelet_dir: PathBuf,
+    /// D-Bus address of the bus amd-gpud is on; the system bus when unset.
+    #[arg(long, env = "AMDGPU_DP_BUS_ADDRESS", value_name = "ADDR")]
+    pub bus_address: Option<String>,
+    /// This node's name (from the downward API).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME", default_value = "")]
+    pub node_name: String,
+    /// Kubelet devices per GPU; 0 = per GPU: 2 on gfx12 and later, otherwise 10.
+    #[arg(long, env = "AMDGPU_DP_SPLIT_COUNT", default_value_t = 0, value_name = "N")]
+    pub split_count: u32,
+    /// How GetPreferredAllocation picks GPUs: `besteffort` (fewest, closest,
+    /// fullest GPUs) or `spread` (farthest GPUs).
+    #[arg(long, env = "AMDGPU_DP_ALLOCATOR_POLICY", default_value = "besteffort", value_parser = Policy::from_str)]
+    pub allocator_policy: Policy,
+    /// Kubernetes API access: `auto` (in-cluster config or KUBECONFIG), a
+    /// kubeconfig PATH, or `none` (kubelet side only: Allocate is refused).
+    #[arg(long, env = "AMDGPU_DP_KUBE", default_value = "auto", value_name = "none|auto|PATH")]
+    pub kube: KubeAccess,
+    /// Extended resource registered with kubelet.
+    #[arg(long, env = "AMDGPU_DP_RESOURCE_NAME", default_value = "amd.com/gpu")]
+    pub resource_name: String,
+    /// File name of the plugin's socket in the kubelet directory.
+    #[arg(long, env = "AMDGPU_DP_SOCKET_NAME", default_value = "amd.com_gpu.sock")]
+    pub socket_name: String,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// How the plugin reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeAccess {
+    None,
+    Auto,
+    Kubeconfig(PathBuf),
+}
+
+impl FromStr for KubeAccess {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "" => Err("--kube needs none, auto or a kubeconfig path".to_owned()),
+            "none" => Ok(Self::None),
+            "auto" => Ok(Self::Auto),
+            path => Ok(Self::Kubeconfig(PathBuf::from(path))),
+        }
+    }
+}
+
+impl Cli {
+    /// Full path of the plugin's socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.kubelet_dir.join(&self.socket_name)
+    }
+
+    /// Full path of kubelet's registration socket.
+    pub fn kubelet_socket(&self) -> PathBuf {
+        self.kubelet_dir.join(proto::KUBELET_SOCKET)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_values() {
+        let cli = Cli::parse_from(["amd-device-plugin"]);
+        assert_eq!(cli.kube, KubeAccess::Auto);
+        assert_eq!(cli.split_count, 0);
+        assert_eq!(cli.resource_name, "amd.com/gpu");
+        assert_eq!(cli.socket_path(), PathBuf::from("/var/lib/kubelet/device-plugins/amd.com_gpu.sock"));
+        let cli = Cli::parse_from(["x", "--kube", "none", "--allocator-policy", "spread", "--kubelet-dir", "/tmp/k"]);
+        assert_eq!(cli.kube, KubeAccess::None);
+        assert_eq!(cli.allocator_policy, Policy::Spread);
+        assert_eq!(cli.kubelet_socket(), PathBuf::from("/tmp/k/kubelet.sock"));
+        let err = Cli::try_parse_from(["x", "--allocator-policy", "random"]).unwrap_err();
+        assert!(err.to_string().contains("random"), "{err}");
+    }
+}

@@ -1,0 +1,108 @@
+//! From amd-gpud's GPUs to the kubelet devices and allocator topology.
+//!
+//! Each GPU is offered as `count` devices `<gpu-id>#<slot>`. The GPU id is
+//! stable across restarts and reboots and free of `,` `:` `;` (HAMi's
+//! separators): AMD SMI's UUID when known, else ROCr's UUID, else one derived
+//! from the PCI address.
+
+use std::collections::HashMap;
+
+use ipc::types::GpuInfo;
+
+use crate::{
+    allocator::{self, GpuTopology, Link, LinkKind},
+    gpud_client::Snapshot,
+};
+
+/// One kubelet device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slot {
+    pub id: String,
+    pub healthy: bool,
+    pub numa: Option<i64>,
+}
+
+/// Everything kubelet-facing derived from one snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceTable {
+    pub slots: Vec<Slot>,
+    pub topology: Vec<GpuTopology>,
+}
+
+/// The id a GPU is known by to kubelet and HAMi.
+pub fn gpu_id(gpu: &GpuInfo) -> String {
+    let clean = |s: &str| !s.is_empty() && !s.contains([',', ':', ';', '#']);
+    if clean(&gpu.amdsmi_uuid) {
+        gpu.amdsmi_uuid.clone()
+    } else if clean(&gpu.rocr_uuid) {
+        gpu.rocr_uuid.clone()
+    } else {
+        format!("amdgpu-{}", gpu.bdf.replace([':', '.'], "-"))
+    }
+}
+
+/// Devices per GPU when `--split-count 0`: 2 on gfx12 and later, else 10.
+pub fn default_split(gfx: &str) -> u32 {
+    let digits = gfx.strip_prefix("gfx").unwrap_or_default();
+    // The last two characters are minor and stepping; the rest is the major.
+    let major = digits
+        .get(..digits.len().saturating_sub(2))
+        .and_then(|m| m.parse::<u32>().ok())
+        .unwrap_or(0);
+    if major >= 12 { 2 } else { 10 }
+}
+
+impl DeviceTable {
+    /// Builds the table; `split_count` 0 means the per-GPU default.
+    pub fn build(snapshot: &Snapshot, split_count: u32) -> Self {
+        let ids: HashMap<&str, String> =
+            snapshot.gpus.iter().map(|g| (g.bdf.as_str(), gpu_id(g))).collect();
+        let mut table = Self::default();
+        for gpu in &snapshot.gpus {
+            let id = gpu_id(gpu);
+            let count = if split_count == 0 { default_split(&gpu.gfx) } else { split_count };
+            let numa = (gpu.numa_node >= 0).then_some(i64::from(gpu.numa_node));
+            let healthy = gpu.health == ipc::HEALTHY;
+            table.slots.extend((0..count).map(|slot| Slot {
+                id: allocator::slot_id(&id, slot),
+                healthy,
+                numa,
+            }));
+            table.topology.push(GpuTopology {
+                numa: u32::try_from(gpu.numa_node).ok(),
+                links: gpu
+                    .links
+                    .iter()
+                    .filter_map(|l| {
+                        Some(Link {
+                            peer: ids.get(l.peer.as_str())?.clone(),
+                            kind: match l.link_type.as_str() {
+                                "xgmi" => LinkKind::Xgmi,
+                                "pcie" => LinkKind::Pcie,
+                                _ => LinkKind::Other,
+                            },
+                            hops: l.hops,
+                        })
+                    })
+                    .collect(),
+                id,
+            });
+        }
+        table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_defaults_follow_the_gfx_major() {
+        assert_eq!(default_split("gfx942"), 10);
+        assert_eq!(default_split("gfx90a"), 10);
+        assert_eq!(default_split("gfx1036"), 10);
+        assert_eq!(default_split("gfx1201"), 2);
+        assert_eq!(default_split("gfx1200"), 2);
+        assert_eq!(default_split(""), 10);
+    }
+}

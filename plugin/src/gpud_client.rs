@@ -1,0 +1,144 @@
+//! Following amd-gpud's inventory over D-Bus.
+//!
+//! A background task keeps a [`Snapshot`] of every GPU up to date: it reads
+//! the whole inventory at start, again on each `InventoryChanged` signal, and
+//! whenever amd-gpud (re)appears on the bus. When the bus or amd-gpud goes
+//! away the last snapshot is kept (marked disconnected) and the task
+//! reconnects by itself.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use ipc::{BUS_NAME, proxy::NodeProxy, types::GpuInfo};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
+
+/// Where amd-gpud is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bus {
+    System,
+    Address(String),
+}
+
+/// The inventory as last read from amd-gpud.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// GPUs ordered by PCI address, missing ones included (health `Missing`).
+    pub gpus: Vec<GpuInfo>,
+    /// Whether amd-gpud answered the last time we asked.
+    pub connected: bool,
+}
+
+/// Why a session with amd-gpud ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("cannot connect to the bus: {0}")]
+    Connect(#[source] zbus::Error),
+    #[error("D-Bus error: {0}")]
+    Bus(#[from] zbus::Error),
+    #[error("amd-gpud answered badly: {0}")]
+    Api(#[from] ipc::ApiError),
+    #[error("lost the connection to the bus")]
+    BusLost,
+}
+
+/// Starts following amd-gpud; the receiver always holds the latest snapshot.
+pub fn spawn(bus: Bus) -> watch::Receiver<Snapshot> {
+    let (tx, rx) = watch::channel(Snapshot::default());
+    tokio::spawn(follow(bus, tx));
+    rx
+}
+
+async fn follow(bus: Bus, tx: watch::Sender<Snapshot>) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match session(&bus, &tx).await {
+            Ok(()) => backoff = Duration::from_millis(200),
+            Err(err) => {
+                warn!("amd-gpud session ended: {err}; keeping the last inventory, retrying in {backoff:?}");
+                tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+    }
+}
+
+async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
+    let built = match bus {
+        Bus::System => Connection::system().await,
+        Bus::Address(address) => {
+            zbus::connection::Builder::address(address.as_str())
+                .map_err(SessionError::Connect)?
+                .build()
+                .await
+        }
+    };
+    built.map_err(SessionError::Connect)
+}
+
+/// One connection's life: ends `Ok` when amd-gpud's owner changes (read
+/// everything again with fresh proxies), `Err` when the bus goes away.
+async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionError> {
+    let conn = connect(bus).await?;
+    let dbus = DBusProxy::new(&conn).await?;
+    let mut owners = dbus.receive_name_owner_changed_with_args(&[(0, BUS_NAME)]).await?;
+    let node = NodeProxy::builder(&conn)
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await?;
+    let mut changes = node.receive_inventory_changed().await?;
+    refresh(&conn, &node, tx).await;
+    loop {
+        tokio::select! {
+            () = conn.closed() => return Err(SessionError::BusLost),
+            owner = owners.next() => {
+                let appeared = owner
+                    .and_then(|o| o.args().ok().map(|a| a.new_owner().is_some()))
+                    .unwrap_or(false);
+                info!(appeared, "amd-gpud changed owner on the bus");
+                if appeared {
+                    return Ok(());
+                }
+                tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+            }
+            change = changes.next() => {
+                if change.is_none() {
+                    return Err(SessionError::BusLost);
+                }
+                debug!("InventoryChanged");
+                refresh(&conn, &node, tx).await;
+            }
+        }
+    }
+}
+
+/// Reads every GPU; on failure keeps the old snapshot and marks it stale.
+async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Snapshot>) {
+    match read_all(conn, node).await {
+        Ok(gpus) => {
+            let fresh = Snapshot { gpus, connected: true };
+            tx.send_if_modified(|s| {
+                let changed = *s != fresh;
+                *s = fresh;
+                changed
+            });
+        }
+        Err(err) => {
+            warn!("cannot read the inventory from amd-gpud: {err}");
+            tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+        }
+    }
+}
+
+async fn read_all(conn: &Connection, node: &NodeProxy<'_>) -> Result<Vec<GpuInfo>, SessionError> {
+    let mut gpus = Vec::new();
+    for path in node.gpus().await? {
+        gpus.push(ipc::proxy::read_gpu(conn, &path.as_ref()).await?);
+    }
+    Ok(gpus)
+}

@@ -1,0 +1,155 @@
+//! The kubelet side: serve the DevicePlugin service on our socket, register,
+//! and start over whenever kubelet restarts.
+//!
+//! A kubelet restart shows up as any of: kubelet.sock re-created (another
+//! inode), our socket deleted, or kubelet's ListAndWatch stream closed. Each
+//! time, the old server stops, a fresh socket is bound, and the plugin
+//! registers again: serve first, because kubelet dials back during Register.
+
+mod registration;
+mod service;
+
+use std::{
+    future::Future,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use proto::v1beta1::device_plugin_server::DevicePluginServer;
+use tokio::sync::{Notify, oneshot, watch};
+use tracing::{Instrument, info, info_span, warn};
+
+pub use registration::{RegisterError, register_once};
+pub use service::{PluginService, options};
+
+use crate::{allocator::Policy, config::KubeAccess, devices::DeviceTable};
+
+/// How often the sockets are checked for a kubelet restart.
+const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Where kubelet is and what to register.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    pub kubelet_socket: PathBuf,
+    pub socket: PathBuf,
+    pub resource_name: String,
+    pub policy: Policy,
+    pub kube: KubeAccess,
+}
+
+/// Why the server stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("cannot bind the plugin socket {path}: {source}")]
+    Bind {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the plugin socket {0} has no file name")]
+    Endpoint(String),
+}
+
+/// Serves and registers until `shutdown` completes; re-registers after every
+/// kubelet restart.
+///
+/// # Errors
+/// When the plugin socket cannot be bound.
+pub async fn run(
+    config: KubeletConfig,
+    devices: watch::Receiver<DeviceTable>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), KubeletError> {
+    let endpoint = config
+        .socket
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| KubeletError::Endpoint(config.socket.display().to_string()))?
+        .to_owned();
+    tokio::pin!(shutdown);
+    let mut generation = 0_u64;
+    loop {
+        generation += 1;
+        let span = info_span!("kubelet", generation);
+        let ended = serve_once(&config, &endpoint, devices.clone(), &mut shutdown)
+            .instrument(span)
+            .await?;
+        if ended == Ended::Shutdown {
+            let _ = std::fs::remove_file(&config.socket);
+            info!("stopped serving kubelet");
+            return Ok(());
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    Shutdown,
+    KubeletRestarted,
+}
+
+async fn serve_once(
+    config: &KubeletConfig,
+    endpoint: &str,
+    devices: watch::Receiver<DeviceTable>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<Ended, KubeletError> {
+    let listener = proto::unix::bind_fresh(&config.socket).map_err(|source| KubeletError::Bind {
+        path: config.socket.display().to_string(),
+        source,
+    })?;
+    let stream_closed = Arc::new(Notify::new());
+    let service = PluginService {
+        devices,
+        policy: config.policy,
+        kube: config.kube.clone(),
+        stream_closed: stream_closed.clone(),
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(service))
+            .serve_with_incoming_shutdown(proto::unix::incoming(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    let ended = tokio::select! {
+        () = &mut *shutdown => Ended::Shutdown,
+        reason = serve_until_restart(config, endpoint, &stream_closed) => {
+            warn!("kubelet restarted ({reason}); registering again");
+            Ended::KubeletRestarted
+        }
+    };
+    let _ = stop.send(());
+    if tokio::time::timeout(Duration::from_secs(5), server).await.is_err() {
+        warn!("the previous gRPC server did not stop within 5 s");
+    }
+    Ok(ended)
+}
+
+/// Registers, then watches for a kubelet restart; returns its sign.
+async fn serve_until_restart(config: &KubeletConfig, endpoint: &str, stream_closed: &Notify) -> &'static str {
+    registration::register(&config.kubelet_socket, endpoint, &config.resource_name).await;
+    let kubelet = inode(&config.kubelet_socket);
+    let ours = inode(&config.socket);
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    loop {
+        tokio::select! {
+            () = stream_closed.notified() => return "the ListAndWatch stream closed",
+            _ = tick.tick() => {
+                if inode(&config.socket) != ours {
+                    return "our socket was removed";
+                }
+                if inode(&config.kubelet_socket) != kubelet {
+                    return "kubelet.sock was re-created";
+                }
+            }
+        }
+    }
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+}

@@ -1,0 +1,71 @@
+//! Registering with kubelet, with back-off: kubelet.sock may exist a moment
+//! before it serves, or not at all while kubelet restarts.
+
+use std::{path::Path, time::Duration};
+
+use proto::v1beta1::{RegisterRequest, registration_client::RegistrationClient};
+use tracing::{info, warn};
+
+use super::service::options;
+
+/// First and largest wait between attempts.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Why one attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("cannot reach kubelet at {path}: {source}")]
+    Connect {
+        path: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("kubelet refused the registration: {0}")]
+    Refused(#[from] tonic::Status),
+}
+
+/// One Register call.
+///
+/// # Errors
+/// When kubelet cannot be reached or refuses.
+pub async fn register_once(
+    kubelet_socket: &Path,
+    endpoint: &str,
+    resource_name: &str,
+) -> Result<(), RegisterError> {
+    let channel = proto::unix::channel(kubelet_socket)
+        .await
+        .map_err(|source| RegisterError::Connect {
+            path: kubelet_socket.display().to_string(),
+            source,
+        })?;
+    let request = RegisterRequest {
+        version: proto::VERSION.to_owned(),
+        endpoint: endpoint.to_owned(),
+        resource_name: resource_name.to_owned(),
+        options: Some(options()),
+    };
+    RegistrationClient::new(channel).register(request).await?;
+    Ok(())
+}
+
+/// Registers until it succeeds, waiting longer after each failure.
+pub async fn register(kubelet_socket: &Path, endpoint: &str, resource_name: &str) {
+    let mut backoff = FIRST_BACKOFF;
+    let mut attempt = 1_u32;
+    loop {
+        match register_once(kubelet_socket, endpoint, resource_name).await {
+            Ok(()) => {
+                info!(attempt, resource_name, endpoint, "registered with kubelet");
+                return;
+            }
+            Err(err) => {
+                warn!(attempt, "registration failed: {err}; next attempt in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                attempt = attempt.saturating_add(1);
+            }
+        }
+    }
+}
