@@ -24,7 +24,12 @@ pub struct Cli {
     #[arg(long, env = "NODE_NAME", value_name = "NAME", default_value = "")]
     pub node_name: String,
     /// Kubelet devices per GPU; 0 = per GPU: 2 on gfx12 and later, otherwise 10.
-    #[arg(long, env = "AMDGPU_DP_SPLIT_COUNT", default_value_t = 0, value_name = "N")]
+    #[arg(
+        long,
+        env = "AMDGPU_DP_SPLIT_COUNT",
+        default_value_t = 0,
+        value_name = "N"
+    )]
     pub split_count: u32,
     /// How GetPreferredAllocation picks GPUs: `besteffort` (fewest, closest,
     /// fullest GPUs) or `spread` (farthest GPUs).
@@ -32,13 +37,22 @@ pub struct Cli {
     pub allocator_policy: Policy,
     /// Kubernetes API access: `auto` (in-cluster config or KUBECONFIG), a
     /// kubeconfig PATH, or `none` (kubelet side only: Allocate is refused).
-    #[arg(long, env = "AMDGPU_DP_KUBE", default_value = "auto", value_name = "none|auto|PATH")]
+    #[arg(
+        long,
+        env = "AMDGPU_DP_KUBE",
+        default_value = "auto",
+        value_name = "none|auto|PATH"
+    )]
     pub kube: KubeAccess,
     /// Extended resource registered with kubelet.
     #[arg(long, env = "AMDGPU_DP_RESOURCE_NAME", default_value = "amd.com/gpu")]
     pub resource_name: String,
     /// File name of the plugin's socket in the kubelet directory.
-    #[arg(long, env = "AMDGPU_DP_SOCKET_NAME", default_value = "amd.com_gpu.sock")]
+    #[arg(
+        long,
+        env = "AMDGPU_DP_SOCKET_NAME",
+        default_value = "amd.com_gpu.sock"
+    )]
     pub socket_name: String,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
@@ -88,8 +102,19 @@ mod tests {
         assert_eq!(cli.kube, KubeAccess::Auto);
         assert_eq!(cli.split_count, 0);
         assert_eq!(cli.resource_name, "amd.com/gpu");
-        assert_eq!(cli.socket_path(), PathBuf::from("/var/lib/kubelet/device-plugins/amd.com_gpu.sock"));
-        let cli = Cli::parse_from(["x", "--kube", "none", "--allocator-policy", "spread", "--kubelet-dir", "/tmp/k"]);
+        assert_eq!(
+            cli.socket_path(),
+            PathBuf::from("/var/lib/kubelet/device-plugins/amd.com_gpu.sock")
+        );
+        let cli = Cli::parse_from([
+            "x",
+            "--kube",
+            "none",
+            "--allocator-policy",
+            "spread",
+            "--kubelet-dir",
+            "/tmp/k",
+        ]);
         assert_eq!(cli.kube, KubeAccess::None);
         assert_eq!(cli.allocator_policy, Policy::Spread);
         assert_eq!(cli.kubelet_socket(), PathBuf::from("/tmp/k/kubelet.sock"));

@@ -55,12 +55,19 @@ pub fn default_split(gfx: &str) -> u32 {
 impl DeviceTable {
     /// Builds the table; `split_count` 0 means the per-GPU default.
     pub fn build(snapshot: &Snapshot, split_count: u32) -> Self {
-        let ids: HashMap<&str, String> =
-            snapshot.gpus.iter().map(|g| (g.bdf.as_str(), gpu_id(g))).collect();
+        let ids: HashMap<&str, String> = snapshot
+            .gpus
+            .iter()
+            .map(|g| (g.bdf.as_str(), gpu_id(g)))
+            .collect();
         let mut table = Self::default();
         for gpu in &snapshot.gpus {
             let id = gpu_id(gpu);
-            let count = if split_count == 0 { default_split(&gpu.gfx) } else { split_count };
+            let count = if split_count == 0 {
+                default_split(&gpu.gfx)
+            } else {
+                split_count
+            };
             let numa = (gpu.numa_node >= 0).then_some(i64::from(gpu.numa_node));
             let healthy = gpu.health == ipc::HEALTHY;
             table.slots.extend((0..count).map(|slot| Slot {

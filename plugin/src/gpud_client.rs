@@ -56,7 +56,9 @@ async fn follow(bus: Bus, tx: watch::Sender<Snapshot>) {
         match session(&bus, &tx).await {
             Ok(()) => backoff = Duration::from_millis(200),
             Err(err) => {
-                warn!("amd-gpud session ended: {err}; keeping the last inventory, retrying in {backoff:?}");
+                warn!(
+                    "amd-gpud session ended: {err}; keeping the last inventory, retrying in {backoff:?}"
+                );
                 tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -86,7 +88,9 @@ async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
 async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionError> {
     let conn = connect(bus).await?;
     let dbus = DBusProxy::new(&conn).await?;
-    let mut owners = dbus.receive_name_owner_changed_with_args(&[(0, BUS_NAME)]).await?;
+    let mut owners = dbus
+        .receive_name_owner_changed_with_args(&[(0, BUS_NAME)])
+        .await?;
     let node = NodeProxy::builder(&conn)
         .cache_properties(CacheProperties::No)
         .build()
@@ -121,7 +125,10 @@ async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionE
 async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Snapshot>) {
     match read_all(conn, node).await {
         Ok(gpus) => {
-            let fresh = Snapshot { gpus, connected: true };
+            let fresh = Snapshot {
+                gpus,
+                connected: true,
+            };
             tx.send_if_modified(|s| {
                 let changed = *s != fresh;
                 *s = fresh;

@@ -74,7 +74,10 @@ pub fn follow_devices(
     mut snapshots: watch::Receiver<gpud_client::Snapshot>,
     split_count: u32,
 ) -> watch::Receiver<DeviceTable> {
-    let (tx, rx) = watch::channel(DeviceTable::build(&snapshots.borrow_and_update(), split_count));
+    let (tx, rx) = watch::channel(DeviceTable::build(
+        &snapshots.borrow_and_update(),
+        split_count,
+    ));
     tokio::spawn(async move {
         while snapshots.changed().await.is_ok() {
             let table = DeviceTable::build(&snapshots.borrow_and_update(), split_count);

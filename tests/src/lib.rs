@@ -8,4 +8,6 @@
 pub mod bus;
 pub mod fake_amdsmi;
 pub mod fixture;
+pub mod kubelet;
 pub mod release;
+pub mod stack;

@@ -96,10 +96,15 @@ async fn serve_once(
     devices: watch::Receiver<DeviceTable>,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<Ended, KubeletError> {
-    let listener = proto::unix::bind_fresh(&config.socket).map_err(|source| KubeletError::Bind {
-        path: config.socket.display().to_string(),
-        source,
-    })?;
+    tokio::select! {
+        () = &mut *shutdown => return Ok(Ended::Shutdown),
+        () = wait_for_kubelet(&config.kubelet_socket) => {}
+    }
+    let listener =
+        proto::unix::bind_fresh(&config.socket).map_err(|source| KubeletError::Bind {
+            path: config.socket.display().to_string(),
+            source,
+        })?;
     let stream_closed = Arc::new(Notify::new());
     let service = PluginService {
         devices,
@@ -123,26 +128,45 @@ async fn serve_once(
         }
     };
     let _ = stop.send(());
-    if tokio::time::timeout(Duration::from_secs(5), server).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .is_err()
+    {
         warn!("the previous gRPC server did not stop within 5 s");
     }
     Ok(ended)
 }
 
 /// Registers, then watches for a kubelet restart; returns its sign.
-async fn serve_until_restart(config: &KubeletConfig, endpoint: &str, stream_closed: &Notify) -> &'static str {
-    registration::register(&config.kubelet_socket, endpoint, &config.resource_name).await;
-    let kubelet = inode(&config.kubelet_socket);
-    let ours = inode(&config.socket);
+///
+/// Both sockets' identities are taken before registering, so a restart
+/// during registration is not missed; a kubelet that deletes our fresh socket
+/// while it cleans up after its own start ends the attempt (we bind again).
+async fn serve_until_restart(
+    config: &KubeletConfig,
+    endpoint: &str,
+    stream_closed: &Notify,
+) -> &'static str {
+    let ours = identity(&config.socket);
+    let kubelet = identity(&config.kubelet_socket);
+    let registered = registration::register(
+        &config.kubelet_socket,
+        endpoint,
+        &config.resource_name,
+        || identity(&config.socket) == ours,
+    );
+    if !registered.await {
+        return "our socket was removed before kubelet accepted the registration";
+    }
     let mut tick = tokio::time::interval(WATCH_INTERVAL);
     loop {
         tokio::select! {
             () = stream_closed.notified() => return "the ListAndWatch stream closed",
             _ = tick.tick() => {
-                if inode(&config.socket) != ours {
+                if identity(&config.socket) != ours {
                     return "our socket was removed";
                 }
-                if inode(&config.kubelet_socket) != kubelet {
+                if identity(&config.kubelet_socket) != kubelet {
                     return "kubelet.sock was re-created";
                 }
             }
@@ -150,6 +174,25 @@ async fn serve_until_restart(config: &KubeletConfig, endpoint: &str, stream_clos
     }
 }
 
-fn inode(path: &Path) -> Option<u64> {
-    std::fs::symlink_metadata(path).ok().map(|m| m.ino())
+/// Identity of a socket file: device, inode and change time. A socket that
+/// is removed and bound again may get the same inode number, but not the
+/// same change time.
+type Identity = Option<(u64, u64, i64, i64)>;
+
+fn identity(path: &Path) -> Identity {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+}
+
+/// Waits until kubelet.sock exists (kubelet is up) before binding again.
+async fn wait_for_kubelet(kubelet_socket: &Path) {
+    let mut logged = false;
+    while !kubelet_socket.exists() {
+        if !logged {
+            info!(path = %kubelet_socket.display(), "waiting for kubelet.sock");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -10,7 +10,7 @@ use super::service::options;
 
 /// First and largest wait between attempts.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why one attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,18 +50,31 @@ pub async fn register_once(
     Ok(())
 }
 
-/// Registers until it succeeds, waiting longer after each failure.
-pub async fn register(kubelet_socket: &Path, endpoint: &str, resource_name: &str) {
+/// Registers until it succeeds (`true`), waiting longer after each failure;
+/// gives up (`false`) as soon as `still_valid` says the attempt is moot (our
+/// socket was deleted, so kubelet could not dial back anyway).
+pub async fn register(
+    kubelet_socket: &Path,
+    endpoint: &str,
+    resource_name: &str,
+    still_valid: impl Fn() -> bool,
+) -> bool {
     let mut backoff = FIRST_BACKOFF;
     let mut attempt = 1_u32;
     loop {
+        if !still_valid() {
+            return false;
+        }
         match register_once(kubelet_socket, endpoint, resource_name).await {
             Ok(()) => {
                 info!(attempt, resource_name, endpoint, "registered with kubelet");
-                return;
+                return true;
             }
             Err(err) => {
-                warn!(attempt, "registration failed: {err}; next attempt in {backoff:?}");
+                warn!(
+                    attempt,
+                    "registration failed: {err}; next attempt in {backoff:?}"
+                );
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 attempt = attempt.saturating_add(1);

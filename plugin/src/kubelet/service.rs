@@ -40,7 +40,12 @@ fn to_kubelet(table: &DeviceTable) -> ListAndWatchResponse {
         .iter()
         .map(|slot| Device {
             id: slot.id.clone(),
-            health: if slot.healthy { proto::HEALTHY } else { proto::UNHEALTHY }.to_owned(),
+            health: if slot.healthy {
+                proto::HEALTHY
+            } else {
+                proto::UNHEALTHY
+            }
+            .to_owned(),
             topology: slot.numa.map(|id| TopologyInfo {
                 nodes: vec![NumaNode { id }],
             }),
@@ -55,18 +60,27 @@ type DeviceStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Statu
 impl DevicePlugin for PluginService {
     type ListAndWatchStream = DeviceStream;
 
-    async fn get_device_plugin_options(&self, _: Request<Empty>) -> Result<Response<DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<DevicePluginOptions>, Status> {
         Ok(Response::new(options()))
     }
 
-    async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Self::ListAndWatchStream>, Status> {
+    async fn list_and_watch(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
         let mut devices = self.devices.clone();
         let closed = self.stream_closed.clone();
         let task = async move {
             loop {
                 let answer = to_kubelet(&devices.borrow_and_update());
-                info!(devices = answer.devices.len(), "ListAndWatch: sending the device list");
+                info!(
+                    devices = answer.devices.len(),
+                    "ListAndWatch: sending the device list"
+                );
                 if tx.send(Ok(answer)).await.is_err() {
                     break;
                 }
@@ -108,10 +122,15 @@ impl DevicePlugin for PluginService {
                 ContainerPreferredAllocationResponse { device_i_ds: ids }
             })
             .collect();
-        Ok(Response::new(PreferredAllocationResponse { container_responses }))
+        Ok(Response::new(PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
-    async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        request: Request<AllocateRequest>,
+    ) -> Result<Response<AllocateResponse>, Status> {
         let ids: Vec<String> = request
             .into_inner()
             .container_requests
@@ -119,9 +138,11 @@ impl DevicePlugin for PluginService {
             .flat_map(|c| c.devices_ids)
             .collect();
         let why = match &self.kube {
-            KubeAccess::None => "amd-device-plugin runs with --kube none: without the Kubernetes API it \
+            KubeAccess::None => {
+                "amd-device-plugin runs with --kube none: without the Kubernetes API it \
                                  cannot learn HAMi's decision for the pod, so it allocates nothing"
-                .to_owned(),
+                    .to_owned()
+            }
             _ => "this build of amd-device-plugin does not carry HAMi's allocation protocol yet; \
                   it allocates nothing rather than hand out devices HAMi did not assign"
                 .to_owned(),

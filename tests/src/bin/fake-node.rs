@@ -4,7 +4,7 @@
 //! `fake-node mi300x-8-cpx` builds the node in a temporary directory and runs
 //! the inspection in-process; `--out DIR` keeps the tree. `fake-node gpud ...`
 //! runs amd-gpud's own command line (it is how the AMD SMI probe child
-//! re-enters this binary).
+//! re-enters this binary), `fake-node plugin ...` amd-device-plugin's.
 
 use std::{ffi::OsString, path::PathBuf, process::ExitCode};
 
@@ -42,10 +42,32 @@ fn main() -> ExitCode {
         argv.remove(1);
         return gpud::cli::main(argv);
     }
+    if argv.get(1).is_some_and(|a| a == "plugin") {
+        argv.remove(1);
+        return run_plugin(argv);
+    }
     match run(Args::parse()) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("fake-node: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `fake-node plugin ...` is amd-device-plugin's command line.
+fn run_plugin(argv: Vec<OsString>) -> ExitCode {
+    let cli = match plugin::Cli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(2);
+        }
+    };
+    match plugin::run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("amd-device-plugin: {err:#}");
             ExitCode::FAILURE
         }
     }

@@ -1,0 +1,161 @@
+//! Starting the real processes of the stack for cross-process tests and
+//! benchmarks: amd-gpud on a private bus, amd-device-plugin next to a fake
+//! kubelet. Each process is killed and reaped when its guard drops.
+
+use std::{
+    ffi::OsStr,
+    io,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::bus::{self, PrivateBus};
+
+/// A child process killed and reaped on drop.
+#[derive(Debug)]
+pub struct Process(pub Child);
+
+impl Process {
+    /// Waits at most `limit` for the process to exit by itself.
+    pub fn wait_exit(&mut self, limit: Duration) -> io::Result<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > limit {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no exit within {limit:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the process now (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `fake-node gpud serve` (amd-gpud) on `bus` for the host root `root`,
+/// without AMD SMI, re-reading the inventory every `rescan` seconds (0: only
+/// on Rescan). Returns once the name is owned.
+///
+/// # Errors
+/// When it cannot start or does not take its name within 20 s.
+pub fn gpud(fake_node: &Path, bus: &PrivateBus, root: &Path, rescan: u64) -> io::Result<Process> {
+    let child = Command::new(fake_node)
+        .args([
+            "gpud",
+            "--log",
+            "info",
+            "serve",
+            "--amdsmi",
+            "none",
+            "--bus-address",
+        ])
+        .arg(&bus.address)
+        .arg("--host-root")
+        .arg(root)
+        .arg("--rescan-interval")
+        .arg(rescan.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut process = Process(child);
+    let start = Instant::now();
+    while !name_has_owner(bus)? {
+        if let Some(status) = process.0.try_wait()? {
+            return Err(io::Error::other(format!("amd-gpud exited early: {status}")));
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "amd-gpud did not take its name",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(process)
+}
+
+/// Whether `io.hami.AmdGpu1` has an owner on `bus`.
+///
+/// # Errors
+/// When busctl cannot be run.
+pub fn name_has_owner(bus: &PrivateBus) -> io::Result<bool> {
+    let out = bus::busctl(
+        bus,
+        0,
+        &[
+            "call",
+            "org.freedesktop.DBus",
+            "/org/freedesktop/DBus",
+            "org.freedesktop.DBus",
+            "NameHasOwner",
+            "s",
+            bus::BUS_NAME,
+        ],
+    )?;
+    Ok(out.stdout.trim() == "b true")
+}
+
+/// `fake-node plugin` (amd-device-plugin) against `kubelet_dir` and `bus`,
+/// with `--kube none` and `extra` flags.
+///
+/// # Errors
+/// When it cannot be spawned.
+pub fn plugin<I, S>(
+    fake_node: &Path,
+    bus: &PrivateBus,
+    kubelet_dir: &Path,
+    extra: I,
+) -> io::Result<Process>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let child = Command::new(fake_node)
+        .args(["plugin", "--kube", "none", "--log", "info", "--bus-address"])
+        .arg(&bus.address)
+        .arg("--kubelet-dir")
+        .arg(kubelet_dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    Ok(Process(child))
+}
+
+/// Asks amd-gpud to read the inventory again now (as root, with busctl).
+///
+/// # Errors
+/// When the call fails.
+pub fn rescan(bus: &PrivateBus) -> io::Result<()> {
+    let out = bus::busctl(
+        bus,
+        0,
+        &[
+            "call",
+            bus::BUS_NAME,
+            "/io/hami/AmdGpu1",
+            "io.hami.AmdGpu1.Node",
+            "Rescan",
+        ],
+    )?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("Rescan failed: {}", out.stderr)))
+    }
+}
