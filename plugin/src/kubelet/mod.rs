@@ -22,7 +22,7 @@ use tokio::sync::{Notify, oneshot, watch};
 use tracing::{Instrument, info, info_span, warn};
 
 pub use registration::{RegisterError, register_once};
-pub use service::{PluginService, options};
+pub use service::{AllocationHint, PluginService, options};
 
 use crate::{allocator::Policy, config::KubeAccess, devices::DeviceTable};
 
@@ -111,6 +111,7 @@ async fn serve_once(
         policy: config.policy,
         kube: config.kube.clone(),
         stream_closed: stream_closed.clone(),
+        hint: None,
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(

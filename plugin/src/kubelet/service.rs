@@ -16,6 +16,19 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{allocator, config::KubeAccess, devices::DeviceTable};
 
+/// A source of preferred devices that knows more than the topology: HAMi's
+/// decision for the pod being admitted. Consulted first by
+/// GetPreferredAllocation; `None` falls back to the allocator policy.
+pub trait AllocationHint: Send + Sync + std::fmt::Debug {
+    /// Preferred device ids for one container request, if this source knows.
+    fn preferred(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+    ) -> Option<Vec<String>>;
+}
+
 /// What the service answers with.
 #[derive(Debug, Clone)]
 pub struct PluginService {
@@ -24,6 +37,8 @@ pub struct PluginService {
     pub kube: KubeAccess,
     /// Notified when kubelet's ListAndWatch stream goes away.
     pub stream_closed: Arc<Notify>,
+    /// HAMi's choice, when the allocation protocol provides one.
+    pub hint: Option<Arc<dyn AllocationHint>>,
 }
 
 /// The options, the same in Register and GetDevicePluginOptions.
@@ -111,13 +126,14 @@ impl DevicePlugin for PluginService {
             .into_iter()
             .map(|req| {
                 let size = usize::try_from(req.allocation_size).unwrap_or(0);
-                let ids = allocator::preferred(
-                    self.policy,
-                    &topology,
-                    &req.available_device_i_ds,
-                    &req.must_include_device_i_ds,
-                    size,
-                );
+                let (available, must) = (&req.available_device_i_ds, &req.must_include_device_i_ds);
+                let hinted = self
+                    .hint
+                    .as_ref()
+                    .and_then(|h| h.preferred(available, must, size));
+                let ids = hinted.unwrap_or_else(|| {
+                    allocator::preferred(self.policy, &topology, available, must, size)
+                });
                 debug!(?ids, size, "GetPreferredAllocation");
                 ContainerPreferredAllocationResponse { device_i_ds: ids }
             })
@@ -156,5 +172,115 @@ impl DevicePlugin for PluginService {
         _: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use proto::v1beta1::ContainerPreferredAllocationRequest;
+
+    use super::*;
+    use crate::devices::Slot;
+
+    #[derive(Debug)]
+    struct Fixed(Vec<String>);
+
+    impl AllocationHint for Fixed {
+        fn preferred(&self, _: &[String], _: &[String], _: usize) -> Option<Vec<String>> {
+            Some(self.0.clone())
+        }
+    }
+
+    fn table(healthy: bool) -> DeviceTable {
+        DeviceTable {
+            slots: (0..2)
+                .map(|s| Slot {
+                    id: format!("g#{s}"),
+                    healthy,
+                    numa: (s == 0).then_some(1),
+                })
+                .collect(),
+            topology: vec![],
+        }
+    }
+
+    fn service(
+        tx: &watch::Sender<DeviceTable>,
+        hint: Option<Arc<dyn AllocationHint>>,
+    ) -> PluginService {
+        PluginService {
+            devices: tx.subscribe(),
+            policy: allocator::Policy::BestEffort,
+            kube: KubeAccess::None,
+            stream_closed: Arc::new(Notify::new()),
+            hint,
+        }
+    }
+
+    fn request(size: i32) -> Request<PreferredAllocationRequest> {
+        Request::new(PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: vec!["g#0".into(), "g#1".into()],
+                must_include_device_i_ds: vec![],
+                allocation_size: size,
+            }],
+        })
+    }
+
+    #[tokio::test]
+    async fn list_and_watch_sends_the_list_then_every_change() {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let (tx, _) = watch::channel(table(true));
+            let svc = service(&tx, None);
+            let mut stream = svc
+                .list_and_watch(Request::new(Empty {}))
+                .await
+                .unwrap()
+                .into_inner();
+            let first = stream.next().await.unwrap().unwrap();
+            assert_eq!(first.devices.len(), 2);
+            assert_eq!(first.devices[0].health, "Healthy");
+            assert_eq!(
+                first.devices[0].topology.as_ref().map(|t| t.nodes[0].id),
+                Some(1)
+            );
+            assert!(first.devices[1].topology.is_none(), "no empty TopologyInfo");
+            tx.send_replace(table(false));
+            let second = stream.next().await.unwrap().unwrap();
+            assert!(second.devices.iter().all(|d| d.health == "Unhealthy"));
+        })
+        .await
+        .expect("timed out");
+    }
+
+    #[tokio::test]
+    async fn the_hint_wins_and_the_allocator_answers_without_one() {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            let (tx, _) = watch::channel(table(true));
+            let hinted = service(&tx, Some(Arc::new(Fixed(vec!["g#1".into()]))));
+            let answer = hinted
+                .get_preferred_allocation(request(1))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(answer.container_responses[0].device_i_ds, ["g#1"]);
+            let plain = service(&tx, None);
+            let answer = plain
+                .get_preferred_allocation(request(1))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(answer.container_responses[0].device_i_ds.len(), 1);
+            let refused = plain
+                .allocate(Request::new(AllocateRequest::default()))
+                .await
+                .unwrap_err();
+            assert!(refused.message().contains("--kube none"));
+        })
+        .await
+        .expect("timed out");
     }
 }
