@@ -126,7 +126,7 @@ where
     S: AsRef<OsStr>,
 {
     let child = Command::new(fake_node)
-        .args(["plugin", "--kube", "none", "--log", "info", "--bus-address"])
+        .args(["plugin", "--kube", "none", "--bus-address"])
         .arg(&bus.address)
         .arg("--kubelet-dir")
         .arg(kubelet_dir)

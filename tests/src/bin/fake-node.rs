@@ -61,7 +61,12 @@ fn run_plugin(argv: Vec<OsString>) -> ExitCode {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
-            return ExitCode::from(2);
+            // --help and --version are not errors.
+            return if err.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     match plugin::run(cli) {
