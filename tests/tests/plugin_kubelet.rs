@@ -214,6 +214,33 @@ fn twenty_kubelet_restarts_each_re_register_within_five_seconds() {
     });
 }
 
+#[test]
+fn sigterm_stops_the_plugin_cleanly_and_removes_its_socket() {
+    if !can_run() {
+        return;
+    }
+    within(Duration::from_secs(60), async {
+        let mut s = start(build("rx9070xt-igpu"), &[]).await;
+        s.kubelet
+            .wait_devices(WAIT, |d| d.len() == 12)
+            .await
+            .unwrap();
+        let socket = s.kubelet.dir().join("amd.com_gpu.sock");
+        assert!(socket.exists());
+        let pid = s.plugin.0.id().to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let status = s.plugin.wait_exit(Duration::from_secs(10)).unwrap();
+        assert!(status.success(), "{status}");
+        assert!(!socket.exists(), "the plugin removed its socket");
+    });
+}
+
 /// A kubelet that is down for a while deletes the socket the plugin bound
 /// meanwhile when it comes back; the plugin must bind again and register.
 #[test]

@@ -106,12 +106,14 @@ async fn serve_once(
             source,
         })?;
     let stream_closed = Arc::new(Notify::new());
+    let (stopping, stopping_rx) = watch::channel(false);
     let service = PluginService {
         devices,
         policy: config.policy,
         kube: config.kube.clone(),
         stream_closed: stream_closed.clone(),
         hint: None,
+        stopping: stopping_rx,
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(
@@ -128,6 +130,7 @@ async fn serve_once(
             Ended::KubeletRestarted
         }
     };
+    stopping.send_replace(true);
     let _ = stop.send(());
     if tokio::time::timeout(Duration::from_secs(5), server)
         .await

@@ -39,6 +39,9 @@ pub struct PluginService {
     pub stream_closed: Arc<Notify>,
     /// HAMi's choice, when the allocation protocol provides one.
     pub hint: Option<Arc<dyn AllocationHint>>,
+    /// Turns true when this server stops: open streams end so that the
+    /// server's graceful shutdown does not wait on kubelet.
+    pub stopping: watch::Receiver<bool>,
 }
 
 /// The options, the same in Register and GetDevicePluginOptions.
@@ -89,6 +92,7 @@ impl DevicePlugin for PluginService {
         let (tx, rx) = mpsc::channel(4);
         let mut devices = self.devices.clone();
         let closed = self.stream_closed.clone();
+        let mut stopping = self.stopping.clone();
         let task = async move {
             loop {
                 let answer = to_kubelet(&devices.borrow_and_update());
@@ -106,6 +110,7 @@ impl DevicePlugin for PluginService {
                         }
                     }
                     () = tx.closed() => break,
+                    Ok(_) = stopping.wait_for(|stop| *stop) => return,
                 }
             }
             info!("kubelet closed the ListAndWatch stream");
@@ -217,6 +222,7 @@ mod tests {
             kube: KubeAccess::None,
             stream_closed: Arc::new(Notify::new()),
             hint,
+            stopping: watch::channel(false).1,
         }
     }
 
