@@ -5,6 +5,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use zbus::zvariant::{OwnedObjectPath, OwnedValue, Type, Value};
 
+/// A property name with its value, as `GetAll` and `PropertiesChanged` carry it.
+pub type Property = (&'static str, Value<'static>);
+
 use crate::ApiError;
 
 /// A link from one GPU to another (`(ssstu)`).
@@ -86,6 +89,34 @@ where
 }
 
 impl GpuInfo {
+    /// Every property with its wire name, in `GetAll` order (the inverse of
+    /// [`GpuInfo::from_properties`]).
+    pub fn to_properties(&self) -> Vec<Property> {
+        vec![
+            ("Bdf", self.bdf.clone().into()),
+            ("RocrUuid", self.rocr_uuid.clone().into()),
+            ("UniqueId", self.unique_id.clone().into()),
+            ("Gfx", self.gfx.clone().into()),
+            ("ComputeUnits", self.compute_units.into()),
+            ("CusPerWgp", self.cus_per_wgp.into()),
+            ("VramBytes", self.vram_bytes.into()),
+            ("NumaNode", self.numa_node.into()),
+            ("MarketName", self.market_name.clone().into()),
+            ("AmdSmiUuid", self.amdsmi_uuid.clone().into()),
+            ("VendorId", self.vendor_id.into()),
+            ("DeviceId", self.device_id.into()),
+            ("ComputePartition", self.compute_partition.clone().into()),
+            ("MemoryPartition", self.memory_partition.clone().into()),
+            (
+                "AvailableComputePartitions",
+                self.available_compute_partitions.clone().into(),
+            ),
+            ("Health", self.health.clone().into()),
+            ("Partitions", self.partitions.clone().into()),
+            ("Links", self.links.clone().into()),
+        ]
+    }
+
     /// Decodes a `GetAll("io.hami.AmdGpu1.Gpu")` answer.
     ///
     /// # Errors
@@ -115,6 +146,25 @@ impl GpuInfo {
 }
 
 impl PartitionInfo {
+    /// Every property with its wire name (the inverse of
+    /// [`PartitionInfo::from_properties`]).
+    pub fn to_properties(&self) -> Vec<Property> {
+        vec![
+            ("Index", self.index.into()),
+            ("KfdNode", self.kfd_node.into()),
+            ("GpuId", self.gpu_id.into()),
+            ("RenderMinor", self.render_minor.into()),
+            ("CardMinor", self.card_minor.into()),
+            ("Bdf", self.bdf.clone().into()),
+            ("ComputeUnits", self.compute_units.into()),
+            ("NumXcc", self.num_xcc.into()),
+            ("VramBytes", self.vram_bytes.into()),
+            ("Xcp", self.xcp.into()),
+            ("Gpu", self.gpu.clone().into()),
+            ("Health", self.health.clone().into()),
+        ]
+    }
+
     /// Decodes a `GetAll("io.hami.AmdGpu1.Partition")` answer.
     ///
     /// # Errors
@@ -134,5 +184,75 @@ impl PartitionInfo {
             gpu: take(&mut p, "Gpu")?,
             health: take(&mut p, "Health")?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(props: Vec<Property>) -> HashMap<String, OwnedValue> {
+        props
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), OwnedValue::try_from(value).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn gpu_properties_round_trip_and_name_what_is_missing() {
+        let gpu = GpuInfo {
+            bdf: "0000:05:00.0".into(),
+            rocr_uuid: "GPU-0123456789abcdef".into(),
+            unique_id: "81985529216486895".into(),
+            gfx: "gfx942".into(),
+            compute_units: 304,
+            cus_per_wgp: 1,
+            vram_bytes: 192 << 30,
+            numa_node: -1,
+            market_name: String::new(),
+            amdsmi_uuid: String::new(),
+            vendor_id: 0x1002,
+            device_id: 0x74a1,
+            compute_partition: "SPX".into(),
+            memory_partition: "NPS1".into(),
+            available_compute_partitions: vec!["SPX".into(), "CPX".into()],
+            health: crate::HEALTHY.into(),
+            partitions: vec![crate::partition_path("0000:05:00.0", 0)],
+            links: vec![Link {
+                peer: "0000:15:00.0".into(),
+                link_type: "xgmi".into(),
+                via: "io_link".into(),
+                weight: 15,
+                hops: 1,
+            }],
+        };
+        let mut props = owned(gpu.to_properties());
+        assert_eq!(GpuInfo::from_properties(props.clone()).unwrap(), gpu);
+        props.remove("Links");
+        let err = GpuInfo::from_properties(props).unwrap_err();
+        assert!(err.to_string().contains("Links"), "{err}");
+    }
+
+    #[test]
+    fn partition_properties_round_trip_and_reject_wrong_types() {
+        let part = PartitionInfo {
+            index: 3,
+            kfd_node: 5,
+            gpu_id: 52527,
+            render_minor: 131,
+            card_minor: -1,
+            bdf: "0000:05:00.3".into(),
+            compute_units: 38,
+            num_xcc: 1,
+            vram_bytes: 24 << 30,
+            xcp: 2,
+            gpu: crate::gpu_path("0000:05:00.0"),
+            health: crate::MISSING.into(),
+        };
+        let mut props = owned(part.to_properties());
+        assert_eq!(PartitionInfo::from_properties(props.clone()).unwrap(), part);
+        props.insert("Index".into(), OwnedValue::from(7_u64));
+        let err = PartitionInfo::from_properties(props).unwrap_err();
+        assert!(err.to_string().contains("Index"), "{err}");
     }
 }

@@ -22,6 +22,7 @@ use std::{
 use tests::{
     bus::{self, OTHER_UID, PLUGIN_UID, Policy, PrivateBus},
     fixture::{self, BuildOptions},
+    stack,
 };
 
 const GPU0: &str = "/io/hami/AmdGpu1/gpu/0000_05_00_0";
@@ -97,7 +98,7 @@ fn start(policy: Policy) -> Option<Daemon> {
     let child = serve(&bus, root.path());
     let mut daemon = Daemon { child, root, bus };
     let start = Instant::now();
-    while !name_has_owner(&daemon.bus) {
+    while !stack::name_has_owner(&daemon.bus).unwrap() {
         if let Some(status) = daemon.child.try_wait().unwrap() {
             panic!("amd-gpud serve exited early: {status}");
         }
@@ -108,24 +109,6 @@ fn start(policy: Policy) -> Option<Daemon> {
         std::thread::sleep(Duration::from_millis(50));
     }
     Some(daemon)
-}
-
-fn name_has_owner(bus: &PrivateBus) -> bool {
-    let out = bus::busctl(
-        bus,
-        0,
-        &[
-            "call",
-            "org.freedesktop.DBus",
-            "/org/freedesktop/DBus",
-            "org.freedesktop.DBus",
-            "NameHasOwner",
-            "s",
-            "io.hami.AmdGpu1",
-        ],
-    )
-    .unwrap();
-    out.stdout.trim() == "b true"
 }
 
 fn busctl_ok(daemon: &Daemon, uid: u32, args: &[&str]) -> String {

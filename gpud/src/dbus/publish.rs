@@ -14,7 +14,7 @@ use zbus::{
 use super::{
     node::{NodeObject, Shared},
     objects::{GpuObject, PartitionObject},
-    views::{GpuView, PartitionView, changed},
+    views::{GpuView, PartitionView, changed, gpu_view, partition_view},
 };
 use crate::service::{ObjectKey, Update};
 
@@ -103,14 +103,14 @@ pub async fn publish(
                 announce(
                     &iface,
                     GPU_INTERFACE,
-                    changed(old.properties(), view.properties()),
+                    changed(old.to_properties(), view.to_properties()),
                 )
                 .await?;
             }
             View::Partition(view) => {
                 let iface = server.interface::<_, PartitionObject>(&path).await?;
                 let old = std::mem::replace(&mut iface.get_mut().await.view, view.clone());
-                let diff = changed(old.properties(), view.properties());
+                let diff = changed(old.to_properties(), view.to_properties());
                 announce(&iface, PARTITION_INTERFACE, diff).await?;
             }
         }
@@ -205,11 +205,11 @@ fn views(shared: &Shared, update: &Update) -> Vec<(ObjectKey, View)> {
             let view = match key {
                 ObjectKey::Gpu(bdf) => {
                     let (gpu, presence) = registry.gpu(bdf)?;
-                    View::Gpu(GpuView::new(gpu, presence, registry))
+                    View::Gpu(gpu_view(gpu, presence, registry))
                 }
                 ObjectKey::Partition(bdf, index) => {
                     let (part, presence) = registry.partition(bdf, index)?;
-                    View::Partition(PartitionView::new(part, presence, &bdf.to_string()))
+                    View::Partition(partition_view(part, presence, &bdf.to_string()))
                 }
             };
             Some((key, view))
