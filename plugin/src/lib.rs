@@ -8,8 +8,10 @@
 
 pub mod allocator;
 pub mod config;
+pub mod cu;
 pub mod devices;
 pub mod gpud_client;
+pub mod hami;
 pub mod kubelet;
 
 use std::process::ExitCode;

@@ -1,0 +1,224 @@
+//! The pod annotation `hami.io/amd-cu-allocated` (spec §5.1).
+//!
+//! A JSON object mapping each registered GPU `id` to the CUs the pod holds on
+//! it, as an ID list: comma-separated, ascending, with runs of two or more
+//! consecutive CUs written `a-b`, for example `{"<id>":"0-3,8,10-12"}`. One
+//! object per pod, the union over its containers. HAMi never reads it; the
+//! plugin's rebuild does, and fails closed on anything malformed. The same
+//! ID-list syntax is used in `HSA_CU_MASK` (§5.2), see [`CuList`]'s `Display`.
+
+use std::{collections::BTreeMap, fmt};
+
+use super::{CU_ALLOCATED_KEY, HamiError, field_problem};
+
+/// An inclusive range of CU indices, `start <= end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CuRange {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl CuRange {
+    /// Number of CUs in the range.
+    pub fn count(self) -> u64 {
+        u64::from(self.end - self.start) + 1
+    }
+}
+
+/// A set of CU indices, kept as sorted, disjoint, non-adjacent ranges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CuList(Vec<CuRange>);
+
+impl CuList {
+    /// The set of the given CU indices (any order, duplicates allowed).
+    pub fn from_indices(indices: impl IntoIterator<Item = u32>) -> Self {
+        let mut sorted: Vec<u32> = indices.into_iter().collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut list = Self::default();
+        for cu in sorted {
+            list.push(CuRange { start: cu, end: cu });
+        }
+        list
+    }
+
+    /// Parses an ID list such as `0-3,8,10-12`. Adjacent items (`0-3,4`) are
+    /// merged; items must be ascending and must not overlap.
+    ///
+    /// # Errors
+    /// The reason, naming the offending item.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("empty CU list".to_owned());
+        }
+        let mut list = Self::default();
+        for item in s.split(',') {
+            let range = parse_item(item)?;
+            if let Some(last) = list.0.last()
+                && range.start <= last.end
+            {
+                return Err(format!(
+                    "item {item:?} is not above {}-{}: the list must be ascending and \
+                     non-overlapping",
+                    last.start, last.end
+                ));
+            }
+            list.push(range);
+        }
+        Ok(list)
+    }
+
+    /// Appends a range lying above every range so far, merging if adjacent.
+    fn push(&mut self, range: CuRange) {
+        match self.0.last_mut() {
+            Some(last) if last.end.checked_add(1) == Some(range.start) => last.end = range.end,
+            _ => self.0.push(range),
+        }
+    }
+
+    /// The ranges, ascending and disjoint.
+    pub fn ranges(&self) -> &[CuRange] {
+        &self.0
+    }
+
+    /// Number of CUs in the set.
+    pub fn len(&self) -> u64 {
+        self.0.iter().map(|r| r.count()).sum()
+    }
+
+    /// True when the set holds no CU.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The highest CU index, for checking against the GPU's `devcore`.
+    pub fn max(&self) -> Option<u32> {
+        self.0.last().map(|r| r.end)
+    }
+
+    /// True when `cu` is in the set.
+    pub fn contains(&self, cu: u32) -> bool {
+        self.0.iter().any(|r| r.start <= cu && cu <= r.end)
+    }
+
+    /// True when the two sets share a CU.
+    pub fn overlaps(&self, other: &Self) -> bool {
+        let (mut a, mut b) = (self.0.iter().peekable(), other.0.iter().peekable());
+        while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
+            if x.end < y.start {
+                a.next();
+            } else if y.end < x.start {
+                b.next();
+            } else {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Every CU index, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.0.iter().flat_map(|r| r.start..=r.end)
+    }
+}
+
+impl fmt::Display for CuList {
+    /// The canonical ID list: `a` for a single CU, `a-b` for a run of two or more.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if r.start == r.end {
+                write!(f, "{}", r.start)?;
+            } else {
+                write!(f, "{}-{}", r.start, r.end)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parse_item(item: &str) -> Result<CuRange, String> {
+    let (start, end) = match item.split_once('-') {
+        Some((a, b)) => (parse_cu(item, a)?, parse_cu(item, b)?),
+        None => {
+            let cu = parse_cu(item, item)?;
+            (cu, cu)
+        }
+    };
+    if start > end {
+        return Err(format!("item {item:?}: range start is above its end"));
+    }
+    Ok(CuRange { start, end })
+}
+
+fn parse_cu(item: &str, s: &str) -> Result<u32, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("item {item:?}: {s:?} is not a CU index"));
+    }
+    s.parse()
+        .map_err(|_| format!("item {item:?}: CU index {s} is too large"))
+}
+
+/// The whole annotation: GPU `id` to the pod's CUs on it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CuAllocated(pub BTreeMap<String, CuList>);
+
+impl CuAllocated {
+    /// Compact JSON with ids sorted and canonical ID lists.
+    ///
+    /// # Errors
+    /// When an id is empty or contains `,` `:` `;`, or a list is empty.
+    pub fn encode(&self) -> Result<String, HamiError> {
+        let mut plain = BTreeMap::new();
+        for (id, list) in &self.0 {
+            check_id(id, &list.to_string())?;
+            if list.is_empty() {
+                return Err(cu_error(id, "", "empty CU list"));
+            }
+            plain.insert(id.as_str(), list.to_string());
+        }
+        serde_json::to_string(&plain).map_err(|e| HamiError::Json {
+            annotation: CU_ALLOCATED_KEY,
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// Decodes the annotation value.
+///
+/// # Errors
+/// Not a JSON object of strings, a bad id, or a malformed CU list; the error
+/// names the id and the list.
+pub fn parse_cu_allocated(s: &str) -> Result<CuAllocated, HamiError> {
+    let plain: BTreeMap<String, String> = serde_json::from_str(s).map_err(|e| HamiError::Json {
+        annotation: CU_ALLOCATED_KEY,
+        reason: e.to_string(),
+    })?;
+    let mut out = BTreeMap::new();
+    for (id, list) in plain {
+        check_id(&id, &list)?;
+        let parsed = CuList::parse(&list).map_err(|why| cu_error(&id, &list, &why))?;
+        out.insert(id, parsed);
+    }
+    Ok(CuAllocated(out))
+}
+
+fn check_id(id: &str, list: &str) -> Result<(), HamiError> {
+    match field_problem(id) {
+        Some(problem) => Err(cu_error(id, list, &format!("id {problem}"))),
+        None => Ok(()),
+    }
+}
+
+fn cu_error(id: &str, list: &str, reason: &str) -> HamiError {
+    HamiError::CuList {
+        id: id.to_owned(),
+        list: list.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
