@@ -13,6 +13,7 @@ pub mod devices;
 pub mod gpud_client;
 pub mod hami;
 pub mod kubelet;
+pub mod node_register;
 
 use std::process::ExitCode;
 

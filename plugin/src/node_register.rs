@@ -1,0 +1,131 @@
+//! What the plugin publishes as `hami.io/node-amd-register`: one HAMi
+//! DeviceInfo per GPU, derived from amd-gpud's inventory and the slot count
+//! offered to kubelet, so that HAMi and kubelet see the same devices.
+//!
+//! Writing is idempotent: the plugin patches the node only when the value it
+//! wants differs from what the node carries (watch-fed), and on a graceful
+//! stop it republishes every device with `health: false`.
+
+use ipc::types::GpuInfo;
+
+use crate::{
+    devices::{default_split, gpu_id},
+    gpud_client::Snapshot,
+    hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
+};
+
+const MIB: u64 = 1024 * 1024;
+
+/// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
+/// graceful stop).
+pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
+    let count = if split_count == 0 {
+        default_split(&gpu.gfx)
+    } else {
+        split_count
+    };
+    let mut info = DeviceInfo {
+        id: gpu_id(gpu),
+        count: i32::try_from(count).unwrap_or(i32::MAX),
+        devmem: i32::try_from(gpu.vram_bytes / MIB).unwrap_or(i32::MAX),
+        devcore: i32::try_from(gpu.compute_units).unwrap_or(i32::MAX),
+        device_type: DeviceInfo::product_type(&gpu.market_name),
+        numa: i64::from(gpu.numa_node),
+        health: healthy && gpu.health == ipc::HEALTHY,
+        devicevendor: DEVICE_VENDOR.to_owned(),
+        ..DeviceInfo::default()
+    };
+    info.custominfo.pci_bdf = gpu.bdf.clone();
+    info
+}
+
+/// The annotation value for the whole snapshot.
+///
+/// # Errors
+/// When a device would break HAMi's parser (the error names it), or the
+/// snapshot holds no GPU (HAMi ignores an empty list and keeps stale devices).
+pub fn annotation(
+    snapshot: &Snapshot,
+    split_count: u32,
+    healthy: bool,
+) -> Result<String, HamiError> {
+    let devices: Vec<DeviceInfo> = snapshot
+        .gpus
+        .iter()
+        .map(|gpu| device_info(gpu, split_count, healthy))
+        .collect();
+    register_annotation(&devices)
+}
+
+/// Whether the node must be patched: only when the wanted value differs from
+/// what the node carries now.
+pub fn needs_write(wanted: &str, on_node: Option<&str>) -> bool {
+    on_node != Some(wanted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hami::parse_register;
+
+    fn gpu(bdf: &str, gfx: &str, health: &str) -> GpuInfo {
+        GpuInfo {
+            bdf: bdf.into(),
+            rocr_uuid: format!("GPU-8ecb9de71e8aa4{}", &bdf[5..7]),
+            unique_id: "10289491389633438871".into(),
+            gfx: gfx.into(),
+            compute_units: 304,
+            cus_per_wgp: 1,
+            vram_bytes: 192 << 30,
+            numa_node: 1,
+            market_name: "AMD Instinct MI300X".into(),
+            amdsmi_uuid: String::new(),
+            vendor_id: 0x1002,
+            device_id: 0x74a1,
+            compute_partition: "SPX".into(),
+            memory_partition: "NPS1".into(),
+            available_compute_partitions: vec![],
+            health: health.into(),
+            partitions: vec![],
+            links: vec![],
+        }
+    }
+
+    #[test]
+    fn one_device_info_per_gpu_as_hami_reads_it() {
+        let snapshot = Snapshot {
+            gpus: vec![
+                gpu("0000:05:00.0", "gfx942", "Healthy"),
+                gpu("0000:15:00.0", "gfx1201", "Missing"),
+            ],
+            connected: true,
+        };
+        let value = annotation(&snapshot, 0, true).unwrap();
+        let parsed = parse_register(&value).unwrap();
+        assert_eq!(parsed.len(), 2);
+        assert_eq!(parsed[0].id, "GPU-8ecb9de71e8aa405");
+        assert_eq!(parsed[0].count, 10);
+        assert_eq!(parsed[1].count, 2, "gfx12 splits in two");
+        assert_eq!(parsed[0].devmem, 196_608);
+        assert_eq!(parsed[0].devcore, 304);
+        assert_eq!(parsed[0].device_type, "AMD Instinct MI300X");
+        assert_eq!(parsed[0].numa, 1);
+        assert!(parsed[0].health);
+        assert!(!parsed[1].health, "anything but Healthy is unhealthy");
+        assert_eq!(parsed[0].custominfo.pci_bdf, "0000:05:00.0");
+        let stopping = parse_register(&annotation(&snapshot, 4, false).unwrap()).unwrap();
+        assert!(stopping.iter().all(|d| !d.health && d.count == 4));
+    }
+
+    #[test]
+    fn an_empty_inventory_is_not_published() {
+        assert!(annotation(&Snapshot::default(), 0, true).is_err());
+    }
+
+    #[test]
+    fn writes_only_when_the_node_differs() {
+        assert!(needs_write("[1]", None));
+        assert!(needs_write("[1]", Some("[2]")));
+        assert!(!needs_write("[1]", Some("[1]")));
+    }
+}
