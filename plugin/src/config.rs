@@ -44,6 +44,15 @@ pub struct Cli {
         value_name = "none|auto|PATH"
     )]
     pub kube: KubeAccess,
+    /// Seconds between checks that the node still carries the register
+    /// annotation we want (it is rewritten only when it differs).
+    #[arg(
+        long,
+        env = "AMDGPU_DP_REGISTER_INTERVAL",
+        default_value_t = 60,
+        value_name = "SECS"
+    )]
+    pub register_interval: u64,
     /// Extended resource registered with kubelet.
     #[arg(long, env = "AMDGPU_DP_RESOURCE_NAME", default_value = "amd.com/gpu")]
     pub resource_name: String,

@@ -12,17 +12,18 @@ pub mod cu;
 pub mod devices;
 pub mod gpud_client;
 pub mod hami;
+pub mod kube;
 pub mod kubelet;
 pub mod node_register;
 
-use std::process::ExitCode;
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
 pub use config::Cli;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{config::KubeAccess, devices::DeviceTable, gpud_client::Bus};
+use crate::{devices::DeviceTable, gpud_client::Bus};
 
 /// Runs the plugin until SIGTERM or SIGINT.
 ///
@@ -44,15 +45,31 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// # Errors
 /// When the plugin socket cannot be bound or the signal handlers installed.
 pub async fn serve(cli: Cli) -> anyhow::Result<()> {
-    if cli.kube != KubeAccess::None {
-        info!(
-            "the Kubernetes API side (HAMi's protocol) is not part of this build; \
-             Allocate is refused with an explanation"
-        );
+    let client = kube::client(&cli.kube).await?;
+    if client.is_some() && cli.node_name.is_empty() {
+        return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
     let snapshots = gpud_client::spawn(bus);
-    let devices = follow_devices(snapshots, cli.split_count);
+    let devices = follow_devices(snapshots.clone(), cli.split_count);
+    let (stop, stopped) = watch::channel(false);
+    let registrar = client.map(|client| {
+        let caches = kube::Caches::start(&client, &cli.node_name);
+        let config = kube::RegisterConfig {
+            split_count: cli.split_count,
+            recheck: Duration::from_secs(cli.register_interval.max(1)),
+        };
+        tokio::spawn(kube::run_register(
+            client,
+            caches,
+            snapshots,
+            config,
+            until(stopped.clone()),
+        ))
+    });
+    if registrar.is_none() {
+        info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
+    }
     let config = kubelet::KubeletConfig {
         kubelet_socket: cli.kubelet_socket(),
         socket: cli.socket_path(),
@@ -60,16 +77,33 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         policy: cli.allocator_policy,
         kube: cli.kube.clone(),
     };
+    kubelet::run(config, devices, shutdown_signal()?).await?;
+    stop.send_replace(true);
+    if let Some(task) = registrar
+        && tokio::time::timeout(Duration::from_secs(15), task)
+            .await
+            .is_err()
+    {
+        tracing::warn!("the node annotation was not republished within 15 s of the stop");
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
-    let shutdown = async move {
+    Ok(async move {
         tokio::select! {
             _ = terminate.recv() => info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => info!("SIGINT: stopping"),
         }
-    };
-    kubelet::run(config, devices, shutdown).await?;
-    Ok(())
+    })
+}
+
+/// Resolves when `stop` turns true (or its sender is gone).
+async fn until(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 /// Keeps a device table in step with the snapshots.

@@ -29,7 +29,7 @@ pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo
         count: i32::try_from(count).unwrap_or(i32::MAX),
         devmem: i32::try_from(gpu.vram_bytes / MIB).unwrap_or(i32::MAX),
         devcore: i32::try_from(gpu.compute_units).unwrap_or(i32::MAX),
-        device_type: DeviceInfo::product_type(&gpu.market_name),
+        device_type: DeviceInfo::product_type(&product_name(gpu)),
         numa: i64::from(gpu.numa_node),
         health: healthy && gpu.health == ipc::HEALTHY,
         devicevendor: DEVICE_VENDOR.to_owned(),
@@ -37,6 +37,16 @@ pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo
     };
     info.custominfo.pci_bdf = gpu.bdf.clone();
     info
+}
+
+/// The market name, or `AMD <gfx>` when AMD SMI did not give one (HAMi wants
+/// a type that starts with `AMD`).
+fn product_name(gpu: &GpuInfo) -> String {
+    match (gpu.market_name.is_empty(), gpu.gfx.is_empty()) {
+        (false, _) => gpu.market_name.clone(),
+        (true, false) => format!("AMD {}", gpu.gfx),
+        (true, true) => "AMD GPU".to_owned(),
+    }
 }
 
 /// The annotation value for the whole snapshot.
@@ -112,6 +122,9 @@ mod tests {
         assert_eq!(parsed[0].numa, 1);
         assert!(parsed[0].health);
         assert!(!parsed[1].health, "anything but Healthy is unhealthy");
+        let mut nameless = gpu("0000:25:00.0", "gfx942", "Healthy");
+        nameless.market_name.clear();
+        assert_eq!(device_info(&nameless, 0, true).device_type, "AMD gfx942");
         assert_eq!(parsed[0].custominfo.pci_bdf, "0000:05:00.0");
         let stopping = parse_register(&annotation(&snapshot, 4, false).unwrap()).unwrap();
         assert!(stopping.iter().all(|d| !d.health && d.count == 4));

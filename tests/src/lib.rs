@@ -5,6 +5,7 @@
 //! [`bus`] runs a private system-type `dbus-daemon` with the shipped policy and calls it as
 //! other UIDs.
 
+pub mod apiserver;
 pub mod bus;
 pub mod fake_amdsmi;
 pub mod fixture;

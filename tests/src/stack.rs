@@ -111,7 +111,7 @@ pub fn name_has_owner(bus: &PrivateBus) -> io::Result<bool> {
 }
 
 /// `fake-node plugin` (amd-device-plugin) against `kubelet_dir` and `bus`,
-/// with `--kube none` and `extra` flags.
+/// without the Kubernetes API unless `extra` passes `--kube`.
 ///
 /// # Errors
 /// When it cannot be spawned.
@@ -126,7 +126,9 @@ where
     S: AsRef<OsStr>,
 {
     let child = Command::new(fake_node)
-        .args(["plugin", "--kube", "none", "--bus-address"])
+        // No Kubernetes API unless `extra` names one (the flag wins over the env twin).
+        .env("AMDGPU_DP_KUBE", "none")
+        .args(["plugin", "--bus-address"])
         .arg(&bus.address)
         .arg("--kubelet-dir")
         .arg(kubelet_dir)

@@ -1,0 +1,128 @@
+//! Kubernetes API access: a client with timeouts, watch-fed caches of this
+//! node and of the pods bound to it, and the node's register annotation.
+//!
+//! Reads on the hot path come from the caches; the API server sees watches
+//! and the few writes the protocol needs.
+
+mod register;
+
+use std::{path::Path, time::Duration};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
+};
+use tracing::warn;
+
+pub use register::{RegisterConfig, run_register};
+
+use crate::config::KubeAccess;
+
+/// Timeout of every non-watch call (and of connecting).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the Kubernetes side could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("cannot read the kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("--node-name (NODE_NAME) is required with --kube {0}")]
+    NoNodeName(String),
+}
+
+/// The client `access` asks for; `None` for `--kube none`.
+///
+/// # Errors
+/// When the configuration cannot be found or read.
+pub async fn client(access: &KubeAccess) -> Result<Option<Client>, KubeError> {
+    let mut config = match access {
+        KubeAccess::None => return Ok(None),
+        KubeAccess::Auto => Config::infer().await.map_err(KubeError::Infer)?,
+        KubeAccess::Kubeconfig(path) => from_file(path).await?,
+    };
+    config.connect_timeout = Some(CALL_TIMEOUT);
+    config.write_timeout = Some(CALL_TIMEOUT);
+    Client::try_from(config)
+        .map(Some)
+        .map_err(KubeError::Client)
+}
+
+async fn from_file(path: &Path) -> Result<Config, KubeError> {
+    let wrap = |source| KubeError::Kubeconfig {
+        path: path.display().to_string(),
+        source,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(wrap)?;
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(wrap)
+}
+
+/// Watch-fed caches of this node and of the pods on it.
+#[derive(Clone)]
+pub struct Caches {
+    pub node_name: String,
+    pub nodes: Store<Node>,
+    pub pods: Store<Pod>,
+}
+
+impl Caches {
+    /// Starts the watches (each restarts with back-off on errors).
+    pub fn start(client: &Client, node_name: &str) -> Self {
+        let node_fields = format!("metadata.name={node_name}");
+        let pod_fields = format!("spec.nodeName={node_name}");
+        let nodes = watch(Api::<Node>::all(client.clone()), &node_fields);
+        let pods = watch(Api::<Pod>::all(client.clone()), &pod_fields);
+        Self {
+            node_name: node_name.to_owned(),
+            nodes,
+            pods,
+        }
+    }
+
+    /// This node as last seen by the watch.
+    pub fn node(&self) -> Option<std::sync::Arc<Node>> {
+        self.nodes
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(&self.node_name))
+    }
+}
+
+fn watch<K>(api: Api<K>, fields: &str) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().fields(fields);
+    let what = format!("{} ({fields})", K::plural(&()));
+    let stream = reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects();
+    tokio::spawn(async move {
+        futures_util::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(err) = event {
+                warn!("watch of {what}: {err}");
+            }
+        }
+    });
+    reader
+}

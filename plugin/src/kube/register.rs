@@ -1,0 +1,88 @@
+//! Keeping `hami.io/node-amd-register` in step with the inventory.
+//!
+//! The wanted value is compared with what the watched node carries; the node
+//! is patched (one merge patch) only when they differ: after an inventory or
+//! health change, or when someone else changed the annotation (checked again
+//! on a slow interval). On shutdown every device is republished unhealthy.
+
+use std::{future::Future, time::Duration};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::{CALL_TIMEOUT, Caches};
+use crate::{gpud_client::Snapshot, hami::REGISTER_KEY, node_register};
+
+/// How the registrar runs.
+#[derive(Debug, Clone)]
+pub struct RegisterConfig {
+    pub split_count: u32,
+    /// How often the node's annotation is compared again without a change.
+    pub recheck: Duration,
+}
+
+/// Runs until `shutdown`, then publishes every device unhealthy.
+pub async fn run_register(
+    client: Client,
+    caches: Caches,
+    mut snapshots: watch::Receiver<Snapshot>,
+    config: RegisterConfig,
+    shutdown: impl Future<Output = ()>,
+) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut tick = tokio::time::interval(config.recheck);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            changed = snapshots.changed() => if changed.is_err() { break },
+            _ = tick.tick() => {}
+        }
+        let snapshot = snapshots.borrow_and_update().clone();
+        sync(&nodes, &caches, &snapshot, config.split_count, true).await;
+    }
+    let snapshot = snapshots.borrow().clone();
+    sync(&nodes, &caches, &snapshot, config.split_count, false).await;
+    info!("published every device as unhealthy for the stop");
+}
+
+/// Patches the node when the wanted value differs from the cached node's.
+async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u32, healthy: bool) {
+    if snapshot.gpus.is_empty() {
+        return;
+    }
+    let wanted = match node_register::annotation(snapshot, split, healthy) {
+        Ok(value) => value,
+        Err(err) => {
+            warn!("not publishing {REGISTER_KEY}: {err}");
+            return;
+        }
+    };
+    let node = caches.node();
+    let current = node
+        .as_ref()
+        .and_then(|n| n.metadata.annotations.as_ref())
+        .and_then(|a| a.get(REGISTER_KEY))
+        .map(String::as_str);
+    if node.is_some() && !node_register::needs_write(&wanted, current) {
+        return;
+    }
+    let patch = json!({ "metadata": { "annotations": { REGISTER_KEY: wanted } } });
+    let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+    let call = nodes.patch(&caches.node_name, &params, &patch);
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(_)) => {
+            info!(node = %caches.node_name, devices = snapshot.gpus.len(), healthy, "published {REGISTER_KEY}")
+        }
+        Ok(Err(err)) => warn!(node = %caches.node_name, "patching {REGISTER_KEY} failed: {err}"),
+        Err(_) => {
+            warn!(node = %caches.node_name, "patching {REGISTER_KEY} timed out after {CALL_TIMEOUT:?}")
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! amd-device-plugin publishing `hami.io/node-amd-register` through the real
+//! kube-rs client to the fake API server: the value HAMi reads, no rewrite
+//! when nothing changed, health changes, and the graceful-stop form.
+//! Needs root (the private bus loads the shipped policy).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{
+    apiserver::{FakeApiServer, Kind},
+    bus::{self, Policy, PrivateBus},
+    fixture::{self, BuildOptions},
+    kubelet::FakeKubelet,
+    stack,
+};
+
+const NODE: &str = "gpu-node-1";
+
+fn can_run() -> bool {
+    if bus::effective_uid().is_ok_and(|uid| uid == 0) {
+        bus::ensure_plugin_user().unwrap();
+        true
+    } else {
+        eprintln!("skipping: needs root for the shipped bus policy");
+        false
+    }
+}
+
+fn register_value(api: &FakeApiServer) -> Option<Vec<Value>> {
+    let node = api.get(Kind::Node, "", NODE)?;
+    let text = node["metadata"]["annotations"]["hami.io/node-amd-register"]
+        .as_str()?
+        .to_owned();
+    serde_json::from_str(&text).ok()
+}
+
+async fn wait_register(
+    api: &FakeApiServer,
+    what: &str,
+    pred: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        if let Some(devices) = register_value(api).filter(|d| pred(d)) {
+            return devices;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no register annotation with {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn the_node_register_annotation_follows_the_inventory() {
+    if !can_run() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(90), scenario())
+            .await
+            .expect("test timed out");
+    });
+}
+
+async fn scenario() {
+    let root = fixture::scratch_dir().unwrap();
+    let spec = fixture::named("mi300x-8-spx").unwrap();
+    fixture::build(
+        &spec,
+        root.path(),
+        &BuildOptions {
+            drm: true,
+            amdsmi_abi: None,
+        },
+    )
+    .unwrap();
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let fake_node = common::fake_node_exe();
+    let _gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
+    let api = FakeApiServer::start().unwrap();
+    api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let kubeconfig = api.kubeconfig(root.path());
+    let kubelet = FakeKubelet::start().await.unwrap();
+    let kube = kubeconfig.display().to_string();
+    let extra = [
+        "--kube",
+        kube.as_str(),
+        "--node-name",
+        NODE,
+        "--register-interval",
+        "1",
+    ];
+    let mut plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), extra).unwrap();
+
+    let devices = wait_register(&api, "8 healthy devices", |d| d.len() == 8).await;
+    assert!(
+        devices
+            .iter()
+            .all(|d| d["health"] == true && d["count"] == 10 && d["devcore"] == 304)
+    );
+    assert_eq!(devices[0]["custominfo"]["pciBDF"], "0000:05:00.0");
+    assert!(devices[0]["type"].as_str().unwrap().starts_with("AMD"));
+
+    // Nothing changes: several re-check intervals pass without a write.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let patches = api.requests().patch;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        api.requests().patch,
+        patches,
+        "no rewrite when nothing changed"
+    );
+
+    // A GPU vanishes: its device turns unhealthy in the annotation.
+    std::fs::remove_dir_all(root.path().join("sys/class/kfd/kfd/topology/nodes/9")).unwrap();
+    stack::rescan(&bus).unwrap();
+    wait_register(&api, "one unhealthy device", |d| {
+        d.iter().filter(|x| x["health"] != true).count() == 1
+    })
+    .await;
+
+    // Someone else rewrites the annotation: the re-check puts ours back.
+    api.put_node(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "annotations": {"hami.io/node-amd-register": "[]"}}
+    }));
+    wait_register(&api, "8 devices again", |d| d.len() == 8).await;
+
+    // A graceful stop republishes every device unhealthy.
+    let pid = plugin.0.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = plugin.wait_exit(Duration::from_secs(20)).unwrap();
+    assert!(status.success(), "{status}");
+    let devices = register_value(&api).unwrap();
+    assert!(devices.iter().all(|d| d["health"] != true), "{devices:?}");
+}
