@@ -53,6 +53,23 @@ pub struct Cli {
         value_name = "SECS"
     )]
     pub register_interval: u64,
+    /// The host's /dev, as named in Allocate's device list.
+    #[arg(
+        long,
+        env = "AMDGPU_DP_HOST_DEV",
+        default_value = "/dev",
+        value_name = "DIR"
+    )]
+    pub host_dev: PathBuf,
+    /// Host directory holding the memory hook libamvgpu.so (mounted read-only
+    /// into containers that get a slice).
+    #[arg(
+        long,
+        env = "AMDGPU_DP_HOOK_PATH",
+        default_value = "/usr/local/vgpu",
+        value_name = "DIR"
+    )]
+    pub hook_path: PathBuf,
     /// Extended resource registered with kubelet.
     #[arg(long, env = "AMDGPU_DP_RESOURCE_NAME", default_value = "amd.com/gpu")]
     pub resource_name: String,

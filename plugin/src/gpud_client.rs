@@ -9,7 +9,13 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use ipc::{BUS_NAME, proxy::NodeProxy, types::GpuInfo};
+use std::collections::BTreeMap;
+
+use ipc::{
+    BUS_NAME,
+    proxy::NodeProxy,
+    types::{GpuInfo, PartitionInfo},
+};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
@@ -26,6 +32,8 @@ pub enum Bus {
 pub struct Snapshot {
     /// GPUs ordered by PCI address, missing ones included (health `Missing`).
     pub gpus: Vec<GpuInfo>,
+    /// Each GPU's partitions (one when unpartitioned), by the GPU's PCI address.
+    pub partitions: BTreeMap<String, Vec<PartitionInfo>>,
     /// Whether amd-gpud answered the last time we asked.
     pub connected: bool,
 }
@@ -124,9 +132,10 @@ async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionE
 /// Reads every GPU; on failure keeps the old snapshot and marks it stale.
 async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Snapshot>) {
     match read_all(conn, node).await {
-        Ok(gpus) => {
+        Ok((gpus, partitions)) => {
             let fresh = Snapshot {
                 gpus,
+                partitions,
                 connected: true,
             };
             tx.send_if_modified(|s| {
@@ -142,10 +151,19 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
     }
 }
 
-async fn read_all(conn: &Connection, node: &NodeProxy<'_>) -> Result<Vec<GpuInfo>, SessionError> {
+type Inventory = (Vec<GpuInfo>, BTreeMap<String, Vec<PartitionInfo>>);
+
+async fn read_all(conn: &Connection, node: &NodeProxy<'_>) -> Result<Inventory, SessionError> {
     let mut gpus = Vec::new();
+    let mut partitions = BTreeMap::new();
     for path in node.gpus().await? {
-        gpus.push(ipc::proxy::read_gpu(conn, &path.as_ref()).await?);
+        let gpu = ipc::proxy::read_gpu(conn, &path.as_ref()).await?;
+        let mut parts = Vec::with_capacity(gpu.partitions.len());
+        for part in &gpu.partitions {
+            parts.push(ipc::proxy::read_partition(conn, &part.as_ref()).await?);
+        }
+        partitions.insert(gpu.bdf.clone(), parts);
+        gpus.push(gpu);
     }
-    Ok(gpus)
+    Ok((gpus, partitions))
 }

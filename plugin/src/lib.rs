@@ -6,6 +6,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod allocate;
 pub mod allocator;
 pub mod config;
 pub mod cu;
@@ -53,8 +54,19 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
     let snapshots = gpud_client::spawn(bus);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
+    let mut allocator = None;
     let registrar = client.map(|client| {
         let caches = kube::Caches::start(&client, &cli.node_name);
+        let config = allocate::AllocateConfig {
+            dev_dir: cli.host_dev.clone(),
+            hook_dir: cli.hook_path.clone(),
+        };
+        allocator = Some(std::sync::Arc::new(allocate::Allocator::new(
+            client.clone(),
+            caches.clone(),
+            snapshots.clone(),
+            config,
+        )));
         let config = kube::RegisterConfig {
             split_count: cli.split_count,
             recheck: Duration::from_secs(cli.register_interval.max(1)),
@@ -76,6 +88,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         resource_name: cli.resource_name.clone(),
         policy: cli.allocator_policy,
         kube: cli.kube.clone(),
+        allocator,
     };
     kubelet::run(config, devices, shutdown_signal()?).await?;
     stop.send_replace(true);

@@ -108,6 +108,7 @@ mod tests {
                 gpu("0000:05:00.0", "gfx942", "Healthy"),
                 gpu("0000:15:00.0", "gfx1201", "Missing"),
             ],
+            partitions: Default::default(),
             connected: true,
         };
         let value = annotation(&snapshot, 0, true).unwrap();

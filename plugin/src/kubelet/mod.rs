@@ -37,6 +37,8 @@ pub struct KubeletConfig {
     pub resource_name: String,
     pub policy: Policy,
     pub kube: KubeAccess,
+    /// HAMi's Allocate; `None` without the Kubernetes API.
+    pub allocator: Option<Arc<crate::allocate::Allocator>>,
 }
 
 /// Why the server stopped serving.
@@ -113,6 +115,7 @@ async fn serve_once(
         kube: config.kube.clone(),
         stream_closed: stream_closed.clone(),
         hint: None,
+        allocator: config.allocator.clone(),
         stopping: stopping_rx,
     };
     let (stop, stopped) = oneshot::channel::<()>();

@@ -39,6 +39,8 @@ pub struct PluginService {
     pub stream_closed: Arc<Notify>,
     /// HAMi's choice, when the allocation protocol provides one.
     pub hint: Option<Arc<dyn AllocationHint>>,
+    /// HAMi's Allocate, when the Kubernetes API is available.
+    pub allocator: Option<Arc<crate::allocate::Allocator>>,
     /// Turns true when this server stops: open streams end so that the
     /// server's graceful shutdown does not wait on kubelet.
     pub stopping: watch::Receiver<bool>,
@@ -158,16 +160,8 @@ impl DevicePlugin for PluginService {
             .into_iter()
             .flat_map(|c| c.devices_ids)
             .collect();
-        let why = match &self.kube {
-            KubeAccess::None => {
-                "amd-device-plugin runs with --kube none: without the Kubernetes API it \
-                                 cannot learn HAMi's decision for the pod, so it allocates nothing"
-                    .to_owned()
-            }
-            _ => "this build of amd-device-plugin does not carry HAMi's allocation protocol yet; \
-                  it allocates nothing rather than hand out devices HAMi did not assign"
-                .to_owned(),
-        };
+        let why = "amd-device-plugin runs with --kube none: without the Kubernetes API it \
+                   cannot learn HAMi's decision for the pod, so it allocates nothing";
         warn!(?ids, "Allocate refused: {why}");
         Err(Status::failed_precondition(why))
     }
@@ -222,6 +216,7 @@ mod tests {
             kube: KubeAccess::None,
             stream_closed: Arc::new(Notify::new()),
             hint,
+            allocator: None,
             stopping: watch::channel(false).1,
         }
     }

@@ -1,0 +1,248 @@
+//! HAMi's Allocate (hami-protocol §3.4–3.6, §5): find the pod being bound,
+//! take its next device entry, choose CU slices, answer kubelet with devices
+//! and environment, and write back in one merge patch of the pod; release the
+//! node lock when the pod is complete. Reads come from the watch caches.
+
+mod occupancy;
+mod pod;
+mod response;
+
+use std::{collections::HashMap, path::PathBuf, sync::Arc};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use proto::v1beta1::ContainerAllocateResponse;
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, watch};
+use tracing::{info, warn};
+
+pub use pod::{LOCK_KEY, parse_lock};
+
+use crate::{
+    cu::CuBitmap,
+    devices::gpu_id,
+    gpud_client::Snapshot,
+    hami::{
+        CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, TO_ALLOCATE_KEY, has_pending,
+        parse_cu_allocated, parse_pod_devices, pop_next,
+    },
+    kube::{CALL_TIMEOUT, Caches},
+};
+
+/// Where the host's device nodes and the memory hook are.
+#[derive(Debug, Clone)]
+pub struct AllocateConfig {
+    pub dev_dir: PathBuf,
+    pub hook_dir: PathBuf,
+}
+
+/// Serialised Allocate over the caches.
+pub struct Allocator {
+    client: Client,
+    caches: Caches,
+    snapshots: watch::Receiver<Snapshot>,
+    config: AllocateConfig,
+    serial: Mutex<()>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("node", &self.caches.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Allocator {
+    pub fn new(
+        client: Client,
+        caches: Caches,
+        snapshots: watch::Receiver<Snapshot>,
+        config: AllocateConfig,
+    ) -> Self {
+        Self {
+            client,
+            caches,
+            snapshots,
+            config,
+            serial: Mutex::new(()),
+        }
+    }
+
+    /// One kubelet Allocate of `ids` (one container).
+    ///
+    /// # Errors
+    /// A message for kubelet saying what failed; after the pod was found the
+    /// pod is marked `bind-phase: failed` and the lock released first.
+    pub async fn allocate(&self, ids: &[String]) -> Result<ContainerAllocateResponse, String> {
+        let _serial = self.serial.lock().await;
+        let node = self.caches.node();
+        let pods = self.caches.pods.state();
+        let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
+            Ok(pod) => pod,
+            Err(err) => self.lock_owner_from_api(node.as_deref()).await.ok_or(err)?,
+        };
+        let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        match self.allocate_for(&pod, &pods, ids.len()).await {
+            Ok(answer) => {
+                info!(pod = %who, devices = ids.len(), "allocated");
+                Ok(answer)
+            }
+            Err(err) => {
+                warn!(pod = %who, "Allocate failed: {err}");
+                self.finish(&pod, json!({ pod::BIND_PHASE_KEY: "failed" }), true)
+                    .await;
+                Err(format!("allocating AMD GPUs for {who}: {err}"))
+            }
+        }
+    }
+
+    /// Off the happy path: the lock names a pod the watch has not delivered
+    /// yet; read it once from the API server.
+    async fn lock_owner_from_api(&self, node: Option<&Node>) -> Option<Arc<Pod>> {
+        let (namespace, name) = pod::lock_owner(node?).ok().flatten()?;
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let pod = tokio::time::timeout(CALL_TIMEOUT, api.get(&name))
+            .await
+            .ok()?
+            .ok()?;
+        info!(pod = %format!("{namespace}/{name}"), "the lock owner was not in the cache yet; read it");
+        Some(Arc::new(pod))
+    }
+
+    async fn allocate_for(
+        &self,
+        pod: &Arc<Pod>,
+        pods: &[Arc<Pod>],
+        count: usize,
+    ) -> Result<ContainerAllocateResponse, String> {
+        let value = pod
+            .annotations()
+            .get(TO_ALLOCATE_KEY)
+            .cloned()
+            .unwrap_or_default();
+        let (entry, rest) = pop_next(&value)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{TO_ALLOCATE_KEY} has no entry left"))?;
+        if entry.len() != count {
+            return Err(format!(
+                "device number not matched: kubelet asks for {count}, HAMi assigned {}",
+                entry.len()
+            ));
+        }
+        let snapshot = self.snapshots.borrow().clone();
+        let gpus: HashMap<String, usize> = snapshot
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (gpu_id(g), i))
+            .collect();
+        let totals = snapshot
+            .gpus
+            .iter()
+            .map(|g| (gpu_id(g), g.compute_units))
+            .collect();
+        let mut maps: HashMap<String, CuBitmap> = occupancy::rebuild(pods, &totals);
+        let mut slices = Vec::with_capacity(entry.len());
+        for device in &entry {
+            let index = *gpus.get(&device.uuid).ok_or_else(|| {
+                format!(
+                    "HAMi assigned GPU {:?}, which this node does not have",
+                    device.uuid
+                )
+            })?;
+            let gpu = &snapshot.gpus[index];
+            let parts = snapshot
+                .partitions
+                .get(&gpu.bdf)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            slices.push(response::slice(gpu, parts, device, &mut maps)?);
+        }
+        let answer = response::build(&slices, &self.config)?;
+        let mut claims = pod
+            .annotations()
+            .get(CU_ALLOCATED_KEY)
+            .and_then(|v| parse_cu_allocated(v).ok())
+            .unwrap_or_else(|| CuAllocated(Default::default()));
+        for s in &slices {
+            if let Some(ranges) = s.cus() {
+                claims.0.insert(
+                    s.id.clone(),
+                    CuList::from_indices(ranges.iter().flat_map(|r| r.clone())),
+                );
+            }
+        }
+        let complete = !has_pending(
+            &parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?,
+        );
+        let mut annotations = json!({ TO_ALLOCATE_KEY: rest });
+        if !claims.0.is_empty() {
+            annotations[CU_ALLOCATED_KEY] =
+                Value::String(claims.encode().map_err(|e| e.to_string())?);
+        }
+        if complete {
+            annotations[pod::BIND_PHASE_KEY] = Value::String("success".to_owned());
+        }
+        self.patch_pod(pod, annotations).await?;
+        if complete {
+            self.release_lock(pod).await;
+        }
+        Ok(answer)
+    }
+
+    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<(), String> {
+        let ns = pod.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let body = json!({ "metadata": { "annotations": annotations } });
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+        match tokio::time::timeout(CALL_TIMEOUT, api.patch(&pod.name_any(), &params, &patch)).await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(format!("patching the pod: {err}")),
+            Err(_) => Err(format!("patching the pod timed out after {CALL_TIMEOUT:?}")),
+        }
+    }
+
+    /// Marks the pod and releases the lock, logging (not returning) failures.
+    async fn finish(&self, pod: &Pod, annotations: Value, release: bool) {
+        if let Err(err) = self.patch_pod(pod, annotations).await {
+            warn!("{err}");
+        }
+        if release {
+            self.release_lock(pod).await;
+        }
+    }
+
+    /// Releases `hami.io/mutex.lock` if this pod holds it, guarded by the
+    /// node's resourceVersion (§3.7).
+    async fn release_lock(&self, pod: &Pod) {
+        let Some(node) = self.caches.node() else {
+            return;
+        };
+        let ours = pod::lock_owner(&node).ok().flatten()
+            == Some((pod.namespace().unwrap_or_default(), pod.name_any()));
+        if !ours {
+            return;
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let body = json!({ "metadata": {
+            "annotations": { LOCK_KEY: null },
+            "resourceVersion": node.resource_version(),
+        }});
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+        match tokio::time::timeout(
+            CALL_TIMEOUT,
+            nodes.patch(&self.caches.node_name, &params, &patch),
+        )
+        .await
+        {
+            Ok(Ok(_)) => info!("released the node lock"),
+            Ok(Err(err)) => warn!("releasing the node lock failed: {err}"),
+            Err(_) => warn!("releasing the node lock timed out"),
+        }
+    }
+}

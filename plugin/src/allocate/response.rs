@@ -1,0 +1,140 @@
+//! One container's answer to kubelet (hami-protocol §5.2): `/dev/kfd` and
+//! each GPU's card and render nodes, `ROCR_VISIBLE_DEVICES`, `HSA_CU_MASK`
+//! for CU slices, per-GPU memory limits, and the memory hook (`LD_AUDIT` and
+//! its read-only mount) only when something is sliced: a whole-GPU request
+//! gets neither and works with any image.
+
+use std::{collections::HashMap, ops::Range};
+
+use ipc::types::{GpuInfo, PartitionInfo};
+use proto::v1beta1::{ContainerAllocateResponse, DeviceSpec, Mount};
+
+use super::AllocateConfig;
+use crate::{
+    cu::{CuBitmap, GpuSlice, render_env},
+    hami::ContainerDevice,
+};
+
+/// Where the hook is seen inside the container.
+pub const HOOK_IN_CONTAINER: &str = "/usr/local/vgpu/libamvgpu.so";
+const HOOK_FILE: &str = "libamvgpu.so";
+const MIB: u64 = 1024 * 1024;
+
+/// What one GPU of the container gets.
+#[derive(Debug, Clone)]
+pub struct Slice {
+    pub id: String,
+    pub env: GpuSlice,
+    pub card_minor: Option<u32>,
+    pub render_minor: Option<u32>,
+}
+
+impl Slice {
+    pub fn cus(&self) -> Option<&Vec<Range<u32>>> {
+        self.env.cus.as_ref()
+    }
+
+    fn sliced(&self) -> bool {
+        self.env.cus.is_some() || self.env.memory_mib.is_some()
+    }
+}
+
+/// Chooses the slice of `gpu` for `device` and claims its CUs in `maps`.
+///
+/// # Errors
+/// When the CUs cannot be had (the message says why and the smallest share).
+pub fn slice(
+    gpu: &GpuInfo,
+    parts: &[PartitionInfo],
+    device: &ContainerDevice,
+    maps: &mut HashMap<String, CuBitmap>,
+) -> Result<Slice, String> {
+    let whole_cus = device.usedcores >= gpu.compute_units;
+    let cus = if whole_cus {
+        None
+    } else {
+        let map = maps
+            .get_mut(&device.uuid)
+            .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
+        let ranges = map
+            .choose(device.usedcores, gpu.cus_per_wgp)
+            .map_err(|e| e.to_string())?;
+        for range in &ranges {
+            map.claim(range.clone()).map_err(|e| e.to_string())?;
+        }
+        Some(ranges)
+    };
+    let vram_mib = gpu.vram_bytes / MIB;
+    let memory = u64::from(device.usedmem);
+    let first = parts.first();
+    Ok(Slice {
+        id: device.uuid.clone(),
+        env: GpuSlice {
+            rocr_uuid: Some(gpu.rocr_uuid.clone()).filter(|u| !u.is_empty()),
+            kfd_node: first.map_or(0, |p| p.kfd_node),
+            cu_count: gpu.compute_units,
+            cus_per_wgp: gpu.cus_per_wgp,
+            cus,
+            memory_mib: (memory > 0 && memory < vram_mib).then_some(memory),
+        },
+        card_minor: first.and_then(|p| u32::try_from(p.card_minor).ok()),
+        render_minor: first.map(|p| p.render_minor).filter(|m| *m > 0),
+    })
+}
+
+fn device(host: String, container: String) -> DeviceSpec {
+    DeviceSpec {
+        container_path: container,
+        host_path: host,
+        permissions: "rw".to_owned(),
+    }
+}
+
+/// The container response for `slices`, in annotation order.
+///
+/// # Errors
+/// When the environment would not be valid for ROCr.
+pub fn build(
+    slices: &[Slice],
+    config: &AllocateConfig,
+) -> Result<ContainerAllocateResponse, String> {
+    let dev = |rel: &str| {
+        (
+            config.dev_dir.join(rel).display().to_string(),
+            format!("/dev/{rel}"),
+        )
+    };
+    let (host, container) = dev("kfd");
+    let mut devices = vec![device(host, container)];
+    for s in slices {
+        for rel in [
+            s.card_minor.map(|m| format!("dri/card{m}")),
+            s.render_minor.map(|m| format!("dri/renderD{m}")),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let (host, container) = dev(&rel);
+            devices.push(device(host, container));
+        }
+    }
+    let gpus: Vec<GpuSlice> = slices.iter().map(|s| s.env.clone()).collect();
+    let env = render_env(&gpus).map_err(|e| e.to_string())?;
+    let mut envs: HashMap<String, String> = env.vars.into_iter().collect();
+    let mut mounts = Vec::new();
+    if slices.iter().any(Slice::sliced) {
+        envs.insert("LD_AUDIT".to_owned(), HOOK_IN_CONTAINER.to_owned());
+        mounts.push(Mount {
+            container_path: HOOK_IN_CONTAINER.to_owned(),
+            host_path: config.hook_dir.join(HOOK_FILE).display().to_string(),
+            read_only: true,
+        });
+    }
+    Ok(ContainerAllocateResponse {
+        envs,
+        mounts,
+        devices,
+        annotations: HashMap::new(),
+        cdi_devices: Vec::new(),
+    })
+}
