@@ -154,12 +154,22 @@ impl DevicePlugin for PluginService {
         &self,
         request: Request<AllocateRequest>,
     ) -> Result<Response<AllocateResponse>, Status> {
-        let ids: Vec<String> = request
-            .into_inner()
-            .container_requests
-            .into_iter()
-            .flat_map(|c| c.devices_ids)
-            .collect();
+        let requests = request.into_inner().container_requests;
+        if let Some(allocator) = &self.allocator {
+            let mut container_responses = Vec::with_capacity(requests.len());
+            for req in &requests {
+                let answer = allocator
+                    .allocate(&req.devices_ids)
+                    .instrument(info_span!("allocate", devices = ?req.devices_ids))
+                    .await
+                    .map_err(Status::failed_precondition)?;
+                container_responses.push(answer);
+            }
+            return Ok(Response::new(AllocateResponse {
+                container_responses,
+            }));
+        }
+        let ids: Vec<String> = requests.into_iter().flat_map(|c| c.devices_ids).collect();
         let why = "amd-device-plugin runs with --kube none: without the Kubernetes API it \
                    cannot learn HAMi's decision for the pod, so it allocates nothing";
         warn!(?ids, "Allocate refused: {why}");

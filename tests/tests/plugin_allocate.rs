@@ -1,0 +1,274 @@
+//! HAMi's Allocate end to end: amd-gpud on a private bus, amd-device-plugin
+//! with the real kube-rs client against the fake API server, the fake
+//! kubelet, and what HAMi's scheduler writes in Filter and Bind (emulated
+//! here: the pod annotations, the node lock, the binding). Needs root.
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{
+    apiserver::{FakeApiServer, Kind},
+    bus::{self, Policy, PrivateBus},
+    fixture::{self, BuildOptions},
+    kubelet::FakeKubelet,
+    stack,
+};
+
+const NODE: &str = "gpu-node-1";
+const LOCK: &str = "hami.io/mutex.lock";
+
+struct Gpu {
+    id: String,
+    device_type: String,
+    rocr_uuid: String,
+}
+
+fn can_run() -> bool {
+    if bus::effective_uid().is_ok_and(|uid| uid == 0) {
+        bus::ensure_plugin_user().unwrap();
+        true
+    } else {
+        eprintln!("skipping: needs root for the shipped bus policy");
+        false
+    }
+}
+
+/// What HAMi's Filter and Bind write for a pod granted `devices`
+/// (`(gpu, memMiB, cuCount)` per device, one container).
+fn schedule(api: &FakeApiServer, name: &str, devices: &[(&Gpu, u32, u32)], bind_time: u64) {
+    let entry: String = devices
+        .iter()
+        .map(|(g, mem, cus)| format!("{},{},{mem},{cus}:", g.id, g.device_type))
+        .collect::<String>()
+        + ";";
+    api.put_pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": {
+            "hami.io/vgpu-node": NODE,
+            "hami.io/vgpu-time": bind_time.to_string(),
+            "hami.io/amd-devices-to-allocate": entry,
+            "hami.io/amd-devices-allocated": entry,
+            "hami.io/bind-phase": "allocating",
+            "hami.io/bind-time": bind_time.to_string(),
+        }},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "rocm"}]},
+        "status": {"phase": "Pending"}
+    }));
+    let mut node = api.get(Kind::Node, "", NODE).unwrap();
+    node["metadata"]["annotations"][LOCK] = json!(format!("2026-11-29T08:00:00Z,default,{name}"));
+    api.put_node(node);
+}
+
+fn pod_annotation(api: &FakeApiServer, name: &str, key: &str) -> Option<String> {
+    let pod = api.get(Kind::Pod, "default", name)?;
+    pod["metadata"]["annotations"][key]
+        .as_str()
+        .map(str::to_owned)
+}
+
+fn lock(api: &FakeApiServer) -> Option<String> {
+    api.get(Kind::Node, "", NODE)?["metadata"]["annotations"][LOCK]
+        .as_str()
+        .map(str::to_owned)
+}
+
+async fn gpus(api: &FakeApiServer) -> Vec<Gpu> {
+    let start = Instant::now();
+    loop {
+        let value = api.get(Kind::Node, "", NODE).and_then(|n| {
+            n["metadata"]["annotations"]["hami.io/node-amd-register"]
+                .as_str()
+                .map(str::to_owned)
+        });
+        if let Some(devices) = value.and_then(|v| serde_json::from_str::<Vec<Value>>(&v).ok()) {
+            return devices
+                .iter()
+                .map(|d| Gpu {
+                    id: d["id"].as_str().unwrap().to_owned(),
+                    device_type: d["type"].as_str().unwrap().to_owned(),
+                    rocr_uuid: d["id"].as_str().unwrap().to_owned(),
+                })
+                .collect();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the plugin did not register the node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[test]
+fn slices_whole_gpus_and_failures_end_to_end() {
+    if !can_run() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), scenario())
+            .await
+            .expect("test timed out");
+    });
+}
+
+/// Everything the scenario runs on; dropped (and stopped) together.
+struct World {
+    api: FakeApiServer,
+    kubelet: FakeKubelet,
+    gpus: Vec<Gpu>,
+    _keep: (
+        tempfile::TempDir,
+        PrivateBus,
+        stack::Process,
+        stack::Process,
+    ),
+}
+
+async fn scenario() {
+    let w = world().await;
+    quarters_of_one_gpu(&w).await;
+    whole_gpu(&w).await;
+    unknown_gpu(&w).await;
+}
+
+async fn world() -> World {
+    let root = fixture::scratch_dir().unwrap();
+    let spec = fixture::named("mi300x-8-spx").unwrap();
+    fixture::build(
+        &spec,
+        root.path(),
+        &BuildOptions {
+            drm: true,
+            amdsmi_abi: None,
+        },
+    )
+    .unwrap();
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let fake_node = common::fake_node_exe();
+    let gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
+    let api = FakeApiServer::start().unwrap();
+    api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let kubeconfig = api.kubeconfig(root.path()).display().to_string();
+    let kubelet = FakeKubelet::start().await.unwrap();
+    let extra = [
+        "--kube",
+        kubeconfig.as_str(),
+        "--node-name",
+        NODE,
+        "--hook-path",
+        "/opt/hook",
+    ];
+    let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), extra).unwrap();
+    kubelet
+        .wait_devices(Duration::from_secs(20), |d| d.len() == 80)
+        .await
+        .unwrap();
+    let gpus = gpus(&api).await;
+    World {
+        api,
+        kubelet,
+        gpus,
+        _keep: (root, bus, gpud, plugin),
+    }
+}
+
+async fn quarters_of_one_gpu(w: &World) {
+    let (api, kubelet, g0) = (&w.api, &w.kubelet, &w.gpus[0]);
+
+    // One GPU at 25 %: 76 of 304 CUs and 48 GiB.
+    schedule(api, "quarter-a", &[(g0, 49_152, 76)], 100);
+    tokio::time::sleep(Duration::from_millis(300)).await; // let the watch deliver the pod
+    api.reset_requests();
+    let answer = kubelet
+        .allocate(vec![format!("{}#0", g0.id)])
+        .await
+        .unwrap();
+    let counts = api.requests();
+    assert_eq!(
+        counts.get + counts.list,
+        0,
+        "no reads on the happy path: {counts:?}"
+    );
+    assert!(counts.patch <= 2, "at most two writes: {counts:?}");
+    assert_eq!(answer.envs["ROCR_VISIBLE_DEVICES"], g0.rocr_uuid);
+    assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-75");
+    assert_eq!(answer.envs["HIP_DEVICE_MEMORY_LIMIT_0"], "49152m");
+    assert_eq!(answer.envs["LD_AUDIT"], "/usr/local/vgpu/libamvgpu.so");
+    assert_eq!(answer.mounts[0].host_path, "/opt/hook/libamvgpu.so");
+    assert!(answer.mounts[0].read_only);
+    let paths: Vec<&str> = answer
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(paths, ["/dev/kfd", "/dev/dri/card0", "/dev/dri/renderD128"]);
+    assert_eq!(
+        pod_annotation(api, "quarter-a", "hami.io/amd-devices-to-allocate").as_deref(),
+        Some(";")
+    );
+    assert_eq!(
+        pod_annotation(api, "quarter-a", "hami.io/bind-phase").as_deref(),
+        Some("success")
+    );
+    let cus = pod_annotation(api, "quarter-a", "hami.io/amd-cu-allocated").unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&cus).unwrap()[&g0.id], "0-75");
+    assert_eq!(lock(api), None, "the lock is released");
+
+    // A second quarter of the same GPU gets the next CUs, never the same ones.
+    schedule(api, "quarter-b", &[(g0, 49_152, 76)], 101);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = kubelet
+        .allocate(vec![format!("{}#1", g0.id)])
+        .await
+        .unwrap();
+    assert_eq!(answer.envs["HSA_CU_MASK"], "0:76-151");
+}
+
+async fn whole_gpu(w: &World) {
+    let (api, kubelet, gpus) = (&w.api, &w.kubelet, &w.gpus);
+
+    // A whole GPU: no mask, no hook, works with any image.
+    schedule(api, "whole", &[(&gpus[1], 196_608, 304)], 102);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = kubelet
+        .allocate(vec![format!("{}#0", gpus[1].id)])
+        .await
+        .unwrap();
+    assert!(!answer.envs.contains_key("HSA_CU_MASK"));
+    assert!(!answer.envs.contains_key("LD_AUDIT"));
+    assert!(answer.mounts.is_empty());
+}
+
+async fn unknown_gpu(w: &World) {
+    let (api, kubelet, g0) = (&w.api, &w.kubelet, &w.gpus[0]);
+
+    // HAMi assigned a GPU this node does not have: a clear error, the pod
+    // marked failed, the lock released.
+    let ghost = Gpu {
+        id: "GPU-00000000deadbeef".into(),
+        device_type: "AMD X".into(),
+        rocr_uuid: String::new(),
+    };
+    schedule(api, "ghost", &[(&ghost, 1024, 10)], 103);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = kubelet
+        .allocate(vec![format!("{}#2", g0.id)])
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("GPU-00000000deadbeef"), "{err:?}");
+    assert_eq!(
+        pod_annotation(api, "ghost", "hami.io/bind-phase").as_deref(),
+        Some("failed")
+    );
+    assert_eq!(lock(api), None);
+}
