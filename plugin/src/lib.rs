@@ -55,6 +55,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
     let mut allocator = None;
+    let mut hint: Option<std::sync::Arc<dyn kubelet::AllocationHint>> = None;
     let registrar = client.map(|client| {
         let caches = kube::Caches::start(&client, &cli.node_name);
         let config = allocate::AllocateConfig {
@@ -67,6 +68,9 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
             snapshots.clone(),
             config,
         )));
+        hint = Some(std::sync::Arc::new(allocate::HamiHint {
+            caches: caches.clone(),
+        }));
         let config = kube::RegisterConfig {
             split_count: cli.split_count,
             recheck: Duration::from_secs(cli.register_interval.max(1)),
@@ -89,6 +93,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         policy: cli.allocator_policy,
         kube: cli.kube.clone(),
         allocator,
+        hint,
     };
     kubelet::run(config, devices, shutdown_signal()?).await?;
     stop.send_replace(true);

@@ -42,11 +42,26 @@ fn can_run() -> bool {
 /// What HAMi's Filter and Bind write for a pod granted `devices`
 /// (`(gpu, memMiB, cuCount)` per device, one container).
 fn schedule(api: &FakeApiServer, name: &str, devices: &[(&Gpu, u32, u32)], bind_time: u64) {
-    let entry: String = devices
+    schedule_containers(api, name, &[devices], bind_time);
+}
+
+/// The same for several AMD containers, in order.
+fn schedule_containers(
+    api: &FakeApiServer,
+    name: &str,
+    containers: &[&[(&Gpu, u32, u32)]],
+    bind_time: u64,
+) {
+    let entry: String = containers
         .iter()
-        .map(|(g, mem, cus)| format!("{},{},{mem},{cus}:", g.id, g.device_type))
-        .collect::<String>()
-        + ";";
+        .map(|devices| {
+            devices
+                .iter()
+                .map(|(g, mem, cus)| format!("{},{},{mem},{cus}:", g.id, g.device_type))
+                .collect::<String>()
+                + ";"
+        })
+        .collect();
     api.put_pod(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "annotations": {
@@ -126,19 +141,37 @@ struct World {
     api: FakeApiServer,
     kubelet: FakeKubelet,
     gpus: Vec<Gpu>,
-    _keep: (
-        tempfile::TempDir,
-        PrivateBus,
-        stack::Process,
-        stack::Process,
-    ),
+    bus: PrivateBus,
+    plugin: stack::Process,
+    extra: Vec<String>,
+    _keep: (tempfile::TempDir, stack::Process),
+}
+
+impl World {
+    /// Stops the plugin and starts a new one (kubelet keeps running).
+    async fn restart_plugin(&mut self) {
+        self.plugin.kill();
+        let registrations = self.kubelet.registrations().len();
+        let fake_node = common::fake_node_exe();
+        self.plugin =
+            stack::plugin(&fake_node, &self.bus, self.kubelet.dir(), &self.extra).unwrap();
+        self.kubelet
+            .wait_registrations(registrations + 1, Duration::from_secs(20))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await; // its caches fill
+    }
 }
 
 async fn scenario() {
-    let w = world().await;
+    let mut w = world().await;
     quarters_of_one_gpu(&w).await;
     whole_gpu(&w).await;
     unknown_gpu(&w).await;
+    preferred_follows_hami(&w).await;
+    two_containers_across_a_plugin_restart(&mut w).await;
+    memory_only(&w).await;
+    api_unreachable(&w).await;
 }
 
 async fn world() -> World {
@@ -168,7 +201,8 @@ async fn world() -> World {
         "--hook-path",
         "/opt/hook",
     ];
-    let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), extra).unwrap();
+    let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
+    let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), &extra).unwrap();
     kubelet
         .wait_devices(Duration::from_secs(20), |d| d.len() == 80)
         .await
@@ -178,7 +212,10 @@ async fn world() -> World {
         api,
         kubelet,
         gpus,
-        _keep: (root, bus, gpud, plugin),
+        bus,
+        plugin,
+        extra,
+        _keep: (root, gpud),
     }
 }
 
@@ -271,4 +308,88 @@ async fn unknown_gpu(w: &World) {
         Some("failed")
     );
     assert_eq!(lock(api), None);
+}
+
+async fn preferred_follows_hami(w: &World) {
+    let (api, kubelet, g3) = (&w.api, &w.kubelet, &w.gpus[3]);
+    schedule(api, "preferred", &[(g3, 1024, 38)], 104);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let available: Vec<String> = kubelet.devices().iter().map(|d| d.id.clone()).collect();
+    let ids = kubelet
+        .preferred_allocation(available, vec![], 1)
+        .await
+        .unwrap();
+    assert_eq!(ids, [format!("{}#0", g3.id)], "the GPU HAMi chose");
+    kubelet.allocate(ids).await.unwrap();
+}
+
+async fn two_containers_across_a_plugin_restart(w: &mut World) {
+    let g2 = &w.gpus[2];
+    let one: &[(&Gpu, u32, u32)] = &[(g2, 1024, 38)];
+    schedule_containers(&w.api, "two", &[one, one], 105);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first = w
+        .kubelet
+        .allocate(vec![format!("{}#0", g2.id)])
+        .await
+        .unwrap();
+    assert_eq!(first.envs["HSA_CU_MASK"], "0:0-37");
+    assert_eq!(
+        pod_annotation(&w.api, "two", "hami.io/bind-phase").as_deref(),
+        Some("allocating")
+    );
+    assert!(
+        lock(&w.api).is_some(),
+        "the lock stays until the last container"
+    );
+    let g2 = w.gpus[2].id.clone();
+    w.restart_plugin().await;
+    let second = w.kubelet.allocate(vec![format!("{g2}#1")]).await.unwrap();
+    assert_eq!(
+        second.envs["HSA_CU_MASK"], "0:38-75",
+        "continues where the old plugin stopped"
+    );
+    assert_eq!(
+        pod_annotation(&w.api, "two", "hami.io/bind-phase").as_deref(),
+        Some("success")
+    );
+    let cus = pod_annotation(&w.api, "two", "hami.io/amd-cu-allocated").unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&cus).unwrap()[&g2], "0-75");
+    assert_eq!(lock(&w.api), None);
+}
+
+async fn memory_only(w: &World) {
+    let (api, kubelet, g4) = (&w.api, &w.kubelet, &w.gpus[4]);
+    schedule(api, "memory", &[(g4, 8192, 304)], 106);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = kubelet
+        .allocate(vec![format!("{}#0", g4.id)])
+        .await
+        .unwrap();
+    assert!(!answer.envs.contains_key("HSA_CU_MASK"));
+    assert_eq!(answer.envs["HIP_DEVICE_MEMORY_LIMIT_0"], "8192m");
+    assert_eq!(answer.envs["LD_AUDIT"], "/usr/local/vgpu/libamvgpu.so");
+}
+
+async fn api_unreachable(w: &World) {
+    let (api, kubelet, g5) = (&w.api, &w.kubelet, &w.gpus[5]);
+    schedule(api, "offline", &[(g5, 1024, 38)], 107);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = pod_annotation(api, "offline", "hami.io/amd-devices-to-allocate");
+    api.set_unreachable(true);
+    let err = kubelet
+        .allocate(vec![format!("{}#0", g5.id)])
+        .await
+        .unwrap_err();
+    api.set_unreachable(false);
+    assert!(err.message().contains("patching the pod"), "{err:?}");
+    assert_eq!(
+        pod_annotation(api, "offline", "hami.io/amd-devices-to-allocate"),
+        before,
+        "nothing half-written"
+    );
+    assert_eq!(
+        pod_annotation(api, "offline", "hami.io/amd-cu-allocated"),
+        None
+    );
 }

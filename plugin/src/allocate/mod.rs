@@ -3,6 +3,7 @@
 //! and environment, and write back in one merge patch of the pod; release the
 //! node lock when the pod is complete. Reads come from the watch caches.
 
+mod hint;
 mod occupancy;
 mod pod;
 mod response;
@@ -19,6 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
 
+pub use hint::HamiHint;
 pub use pod::{LOCK_KEY, parse_lock};
 
 use crate::{
@@ -170,10 +172,16 @@ impl Allocator {
             .unwrap_or_else(|| CuAllocated(Default::default()));
         for s in &slices {
             if let Some(ranges) = s.cus() {
-                claims.0.insert(
-                    s.id.clone(),
-                    CuList::from_indices(ranges.iter().flat_map(|r| r.clone())),
-                );
+                // One record per pod: a second container on the same GPU adds to it.
+                let earlier = claims
+                    .0
+                    .get(&s.id)
+                    .map(|l| l.iter().collect::<Vec<_>>())
+                    .unwrap_or_default();
+                let all = earlier
+                    .into_iter()
+                    .chain(ranges.iter().flat_map(Clone::clone));
+                claims.0.insert(s.id.clone(), CuList::from_indices(all));
             }
         }
         let complete = !has_pending(

@@ -39,6 +39,8 @@ pub struct KubeletConfig {
     pub kube: KubeAccess,
     /// HAMi's Allocate; `None` without the Kubernetes API.
     pub allocator: Option<Arc<crate::allocate::Allocator>>,
+    /// HAMi's choice for GetPreferredAllocation; `None` without the API.
+    pub hint: Option<Arc<dyn AllocationHint>>,
 }
 
 /// Why the server stopped serving.
@@ -114,7 +116,7 @@ async fn serve_once(
         policy: config.policy,
         kube: config.kube.clone(),
         stream_closed: stream_closed.clone(),
-        hint: None,
+        hint: config.hint.clone(),
         allocator: config.allocator.clone(),
         stopping: stopping_rx,
     };
