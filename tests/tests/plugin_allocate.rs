@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
-    bus::{self, Policy, PrivateBus},
-    fixture::{self, BuildOptions},
+    bus::{Policy, PrivateBus},
     kubelet::FakeKubelet,
     stack,
 };
@@ -27,16 +26,6 @@ struct Gpu {
     id: String,
     device_type: String,
     rocr_uuid: String,
-}
-
-fn can_run() -> bool {
-    if bus::effective_uid().is_ok_and(|uid| uid == 0) {
-        bus::ensure_plugin_user().unwrap();
-        true
-    } else {
-        eprintln!("skipping: needs root for the shipped bus policy");
-        false
-    }
 }
 
 /// What HAMi's Filter and Bind write for a pod granted `devices`
@@ -121,7 +110,7 @@ async fn gpus(api: &FakeApiServer) -> Vec<Gpu> {
 
 #[test]
 fn slices_whole_gpus_and_failures_end_to_end() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -175,17 +164,7 @@ async fn scenario() {
 }
 
 async fn world() -> World {
-    let root = fixture::scratch_dir().unwrap();
-    let spec = fixture::named("mi300x-8-spx").unwrap();
-    fixture::build(
-        &spec,
-        root.path(),
-        &BuildOptions {
-            drm: true,
-            amdsmi_abi: None,
-        },
-    )
-    .unwrap();
+    let root = common::build_fixture("mi300x-8-spx");
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let fake_node = common::fake_node_exe();
     let gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
@@ -236,7 +215,11 @@ async fn quarters_of_one_gpu(w: &World) {
         0,
         "no reads on the happy path: {counts:?}"
     );
-    assert!(counts.patch <= 2, "at most two writes: {counts:?}");
+    assert_eq!(
+        counts.patch, 2,
+        "the pod patch and the lock release: {counts:?}"
+    );
+    assert_eq!(counts.total(), 2, "nothing else: {counts:?}");
     assert_eq!(answer.envs["ROCR_VISIBLE_DEVICES"], g0.rocr_uuid);
     assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-75");
     assert_eq!(answer.envs["HIP_DEVICE_MEMORY_LIMIT_0"], "49152m");

@@ -13,38 +13,13 @@ use std::{collections::BTreeSet, time::Duration};
 
 use proto::v1beta1::Device;
 use tests::{
-    bus::{self, Policy, PrivateBus},
-    fixture::{self, BuildOptions},
+    bus::{Policy, PrivateBus},
+    fixture,
     kubelet::FakeKubelet,
     stack,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn can_run() -> bool {
-    if bus::effective_uid().is_ok_and(|uid| uid == 0) {
-        bus::ensure_plugin_user().unwrap();
-        true
-    } else {
-        eprintln!("skipping: needs root for the shipped bus policy");
-        false
-    }
-}
-
-fn build(name: &str) -> tempfile::TempDir {
-    let root = fixture::scratch_dir().unwrap();
-    let spec = fixture::named(name).unwrap();
-    fixture::build(
-        &spec,
-        root.path(),
-        &BuildOptions {
-            drm: true,
-            amdsmi_abi: None,
-        },
-    )
-    .unwrap();
-    root
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -102,11 +77,11 @@ async fn start(root: tempfile::TempDir, extra: &[&str]) -> Stack {
 
 #[test]
 fn registers_and_lists_slots_with_numa_for_eight_mi300x() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(60), async {
-        let s = start(build("mi300x-8-spx"), &[]).await;
+        let s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         let reg = s.kubelet.wait_registrations(1, WAIT).await.unwrap();
         assert_eq!(reg.version, "v1beta1");
         assert_eq!(reg.resource_name, "amd.com/gpu");
@@ -135,11 +110,11 @@ fn registers_and_lists_slots_with_numa_for_eight_mi300x() {
 
 #[test]
 fn radeon_slots_follow_the_gfx_generation() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(60), async {
-        let s = start(build("rx9070xt-igpu"), &[]).await;
+        let s = start(common::build_fixture("rx9070xt-igpu"), &[]).await;
         // gfx1201 gets 2 slots, the gfx1036 iGPU 10.
         let devices = s
             .kubelet
@@ -149,7 +124,11 @@ fn radeon_slots_follow_the_gfx_generation() {
         assert_eq!(gpus_of(&devices).len(), 2);
         assert!(devices.iter().all(|d| numa(d) == Some(0)));
         drop(s);
-        let s = start(build("rx9070xt-igpu"), &["--split-count", "4"]).await;
+        let s = start(
+            common::build_fixture("rx9070xt-igpu"),
+            &["--split-count", "4"],
+        )
+        .await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 8)
             .await
@@ -159,11 +138,11 @@ fn radeon_slots_follow_the_gfx_generation() {
 
 #[test]
 fn a_vanished_gpu_turns_its_slots_unhealthy() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(60), async {
-        let s = start(build("mi300x-8-spx"), &[]).await;
+        let s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 80)
             .await
@@ -184,11 +163,11 @@ fn a_vanished_gpu_turns_its_slots_unhealthy() {
 
 #[test]
 fn twenty_kubelet_restarts_each_re_register_within_five_seconds() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(200), async {
-        let mut s = start(build("mi300x-8-spx"), &[]).await;
+        let mut s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet.wait_registrations(1, WAIT).await.unwrap();
         for round in 2..=21 {
             s.kubelet.restart().await.unwrap();
@@ -216,11 +195,11 @@ fn twenty_kubelet_restarts_each_re_register_within_five_seconds() {
 
 #[test]
 fn sigterm_stops_the_plugin_cleanly_and_removes_its_socket() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(60), async {
-        let mut s = start(build("rx9070xt-igpu"), &[]).await;
+        let mut s = start(common::build_fixture("rx9070xt-igpu"), &[]).await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 12)
             .await
@@ -245,11 +224,11 @@ fn sigterm_stops_the_plugin_cleanly_and_removes_its_socket() {
 /// meanwhile when it comes back; the plugin must bind again and register.
 #[test]
 fn a_kubelet_down_for_seconds_is_registered_with_when_it_returns() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(60), async {
-        let mut s = start(build("mi300x-8-spx"), &[]).await;
+        let mut s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet.wait_registrations(1, WAIT).await.unwrap();
         for (round, downtime) in [(2, 1500), (3, 3000)] {
             s.kubelet
@@ -270,11 +249,11 @@ fn a_kubelet_down_for_seconds_is_registered_with_when_it_returns() {
 
 #[test]
 fn the_plugin_follows_amd_gpud_through_a_restart() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     within(Duration::from_secs(90), async {
-        let mut s = start(build("mi300x-8-spx"), &[]).await;
+        let mut s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 80)
             .await
@@ -314,7 +293,7 @@ fn preferred_allocation_on_the_mi210_capture() {
         eprintln!("skipping: ../shared/fixtures/kfd/mi210-8gpu-xgmi is not here");
         return;
     };
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     let root = fixture::scratch_dir().unwrap();

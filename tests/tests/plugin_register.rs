@@ -14,23 +14,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
-    bus::{self, Policy, PrivateBus},
-    fixture::{self, BuildOptions},
+    bus::{Policy, PrivateBus},
     kubelet::FakeKubelet,
     stack,
 };
 
 const NODE: &str = "gpu-node-1";
-
-fn can_run() -> bool {
-    if bus::effective_uid().is_ok_and(|uid| uid == 0) {
-        bus::ensure_plugin_user().unwrap();
-        true
-    } else {
-        eprintln!("skipping: needs root for the shipped bus policy");
-        false
-    }
-}
 
 fn register_value(api: &FakeApiServer) -> Option<Vec<Value>> {
     let node = api.get(Kind::Node, "", NODE)?;
@@ -60,7 +49,7 @@ async fn wait_register(
 
 #[test]
 fn the_node_register_annotation_follows_the_inventory() {
-    if !can_run() {
+    if !common::can_run_bus_tests() {
         return;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -76,17 +65,7 @@ fn the_node_register_annotation_follows_the_inventory() {
 }
 
 async fn scenario() {
-    let root = fixture::scratch_dir().unwrap();
-    let spec = fixture::named("mi300x-8-spx").unwrap();
-    fixture::build(
-        &spec,
-        root.path(),
-        &BuildOptions {
-            drm: true,
-            amdsmi_abi: None,
-        },
-    )
-    .unwrap();
+    let root = common::build_fixture("mi300x-8-spx");
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let fake_node = common::fake_node_exe();
     let _gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();

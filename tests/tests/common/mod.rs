@@ -158,3 +158,27 @@ pub fn inspect_cli_json(root: &Path) -> Value {
     serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("inspect printed no JSON ({e}): {stdout}"))
 }
+
+/// Whether the bus tests can run here (root, for the shipped policy and
+/// setpriv); makes sure the plugin's system user exists. Prints why not.
+pub fn can_run_bus_tests() -> bool {
+    if tests::bus::effective_uid().is_ok_and(|uid| uid == 0) {
+        tests::bus::ensure_plugin_user().unwrap();
+        true
+    } else {
+        eprintln!("skipping: needs root for the shipped bus policy");
+        false
+    }
+}
+
+/// The builder fixture `name` with DRM/PCI sysfs and no AMD SMI, on tmpfs.
+pub fn build_fixture(name: &str) -> tempfile::TempDir {
+    let root = tests::fixture::scratch_dir().unwrap();
+    let spec = tests::fixture::named(name).unwrap();
+    let options = tests::fixture::BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    };
+    tests::fixture::build(&spec, root.path(), &options).unwrap();
+    root
+}
