@@ -165,36 +165,7 @@ impl Allocator {
             slices.push(response::slice(gpu, parts, device, &mut maps)?);
         }
         let answer = response::build(&slices, &self.config)?;
-        let mut claims = pod
-            .annotations()
-            .get(CU_ALLOCATED_KEY)
-            .and_then(|v| parse_cu_allocated(v).ok())
-            .unwrap_or_else(|| CuAllocated(Default::default()));
-        for s in &slices {
-            if let Some(ranges) = s.cus() {
-                // One record per pod: a second container on the same GPU adds to it.
-                let earlier = claims
-                    .0
-                    .get(&s.id)
-                    .map(|l| l.iter().collect::<Vec<_>>())
-                    .unwrap_or_default();
-                let all = earlier
-                    .into_iter()
-                    .chain(ranges.iter().flat_map(Clone::clone));
-                claims.0.insert(s.id.clone(), CuList::from_indices(all));
-            }
-        }
-        let complete = !has_pending(
-            &parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?,
-        );
-        let mut annotations = json!({ TO_ALLOCATE_KEY: rest });
-        if !claims.0.is_empty() {
-            annotations[CU_ALLOCATED_KEY] =
-                Value::String(claims.encode().map_err(|e| e.to_string())?);
-        }
-        if complete {
-            annotations[pod::BIND_PHASE_KEY] = Value::String("success".to_owned());
-        }
+        let (annotations, complete) = write_back(pod, &slices, rest)?;
         self.patch_pod(pod, annotations).await?;
         if complete {
             self.release_lock(pod).await;
@@ -226,31 +197,125 @@ impl Allocator {
     }
 
     /// Releases `hami.io/mutex.lock` if this pod holds it, guarded by the
-    /// node's resourceVersion (§3.7).
+    /// node's resourceVersion (§3.7). On a conflict the node is read again,
+    /// ownership checked again, and the release retried with back-off.
     async fn release_lock(&self, pod: &Pod) {
-        let Some(node) = self.caches.node() else {
-            return;
-        };
-        let ours = pod::lock_owner(&node).ok().flatten()
-            == Some((pod.namespace().unwrap_or_default(), pod.name_any()));
-        if !ours {
-            return;
-        }
+        let owner = (pod.namespace().unwrap_or_default(), pod.name_any());
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let body = json!({ "metadata": {
-            "annotations": { LOCK_KEY: null },
-            "resourceVersion": node.resource_version(),
-        }});
-        let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
-        match tokio::time::timeout(
-            CALL_TIMEOUT,
-            nodes.patch(&self.caches.node_name, &params, &patch),
-        )
-        .await
-        {
-            Ok(Ok(_)) => info!("released the node lock"),
-            Ok(Err(err)) => warn!("releasing the node lock failed: {err}"),
-            Err(_) => warn!("releasing the node lock timed out"),
+        let mut node = self.caches.node().map(|n| (*n).clone());
+        let mut backoff = std::time::Duration::from_millis(100);
+        for attempt in 1..=5 {
+            let Some(current) = node.take() else { return };
+            if pod::lock_owner(&current).ok().flatten() != Some(owner.clone()) {
+                return;
+            }
+            let body = json!({ "metadata": {
+                "annotations": { LOCK_KEY: null },
+                "resourceVersion": current.resource_version(),
+            }});
+            let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
+            match tokio::time::timeout(
+                CALL_TIMEOUT,
+                nodes.patch(&self.caches.node_name, &params, &patch),
+            )
+            .await
+            {
+                Ok(Ok(_)) => {
+                    info!("released the node lock");
+                    return;
+                }
+                Ok(Err(err)) => warn!(attempt, "releasing the node lock failed: {err}"),
+                Err(_) => warn!(attempt, "releasing the node lock timed out"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+            node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name))
+                .await
+                .ok()
+                .and_then(Result::ok);
         }
+        warn!(
+            "gave up releasing the node lock after 5 attempts; HAMi takes it back after its expiry"
+        );
+    }
+}
+
+/// The pod annotations to write after one container: the entry erased, the
+/// pod's CU record (one per pod: a second container on the same GPU adds to
+/// it), and `bind-phase: success` when nothing is left to allocate. Returns
+/// whether the pod is complete.
+fn write_back(
+    pod: &Pod,
+    slices: &[response::Slice],
+    rest: String,
+) -> Result<(Value, bool), String> {
+    let mut claims = pod
+        .annotations()
+        .get(CU_ALLOCATED_KEY)
+        .and_then(|v| parse_cu_allocated(v).ok())
+        .unwrap_or_else(|| CuAllocated(Default::default()));
+    for s in slices {
+        if let Some(ranges) = s.cus() {
+            let earlier: Vec<u32> = claims
+                .0
+                .get(&s.id)
+                .map(|l| l.iter().collect())
+                .unwrap_or_default();
+            let all = earlier
+                .into_iter()
+                .chain(ranges.iter().flat_map(Clone::clone));
+            claims.0.insert(s.id.clone(), CuList::from_indices(all));
+        }
+    }
+    let remaining =
+        parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?;
+    let complete = !other_vendor_pending(pod) && !has_pending(&remaining);
+    let mut annotations = json!({ TO_ALLOCATE_KEY: rest });
+    if !claims.0.is_empty() {
+        annotations[CU_ALLOCATED_KEY] = Value::String(claims.encode().map_err(|e| e.to_string())?);
+    }
+    if complete {
+        annotations[pod::BIND_PHASE_KEY] = Value::String("success".to_owned());
+    }
+    Ok((annotations, complete))
+}
+
+/// Whether another vendor's HAMi to-allocate annotation on `pod` still holds
+/// a device entry (then the pod is not complete yet).
+fn other_vendor_pending(pod: &Pod) -> bool {
+    pod.annotations().iter().any(|(key, value)| {
+        key != TO_ALLOCATE_KEY
+            && key.starts_with("hami.io/")
+            && key.ends_with("-devices-to-allocate")
+            && value.contains(',')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(annotations: Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p", "annotations": annotations}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn another_vendors_entry_keeps_the_pod_incomplete() {
+        let nvidia = pod(json!({"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1024,10:;"}));
+        assert!(other_vendor_pending(&nvidia));
+        let done = pod(json!({"hami.io/vgpu-devices-to-allocate": ";"}));
+        assert!(!other_vendor_pending(&done));
+        let ours = pod(json!({TO_ALLOCATE_KEY: "A,T,1,1:;"}));
+        assert!(
+            !other_vendor_pending(&ours),
+            "our own key is judged by its entries"
+        );
+        let (annotations, complete) = write_back(&nvidia, &[], ";".to_owned()).unwrap();
+        assert!(!complete);
+        assert!(annotations.get(pod::BIND_PHASE_KEY).is_none());
+        let (annotations, complete) = write_back(&done, &[], ";".to_owned()).unwrap();
+        assert!(complete);
+        assert_eq!(annotations[pod::BIND_PHASE_KEY], "success");
     }
 }

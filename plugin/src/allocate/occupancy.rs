@@ -1,8 +1,11 @@
 //! CU occupancy of the node, rebuilt from the cached pods'
-//! `hami.io/amd-cu-allocated` (hami-protocol §5.1). A claim that does not
-//! parse, names an unknown GPU, runs past the GPU's CUs or overlaps an older
-//! claim is not trusted: it is skipped (the older claim wins) and reported,
-//! and never blocks other pods.
+//! `hami.io/amd-cu-allocated` (hami-protocol §5.1). Users can edit their own
+//! pods, so a claim is trusted only within what HAMi granted the pod in
+//! `hami.io/amd-devices-allocated` (the scheduler's, never modified): a claim
+//! that does not parse, names a GPU the pod was not granted or this node does
+//! not have, claims more CUs than granted, runs past the GPU's CUs or overlaps
+//! an older claim is skipped (the older claim wins) and reported, and never
+//! blocks other pods.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -12,7 +15,9 @@ use tracing::warn;
 
 use crate::{
     cu::CuBitmap,
-    hami::{CU_ALLOCATED_KEY, parse_cu_allocated},
+    hami::{
+        ALLOCATED_KEY, CU_ALLOCATED_KEY, DevicesAnnotation, parse_cu_allocated, parse_pod_devices,
+    },
 };
 
 /// GPU id -> (CU count) of the GPUs on this node.
@@ -31,6 +36,22 @@ fn created(pod: &Pod) -> String {
         .as_ref()
         .map(|t| format!("{:?}", t.0))
         .unwrap_or_default()
+}
+
+/// CUs HAMi granted `pod` per GPU id, summed over its containers.
+fn granted_cus(pod: &Pod) -> HashMap<String, u32> {
+    let mut granted = HashMap::new();
+    let Some(value) = pod.annotations().get(ALLOCATED_KEY) else {
+        return granted;
+    };
+    let Ok(containers) = parse_pod_devices(DevicesAnnotation::Allocated, value) else {
+        return granted;
+    };
+    for device in containers.iter().flatten() {
+        let sum: &mut u32 = granted.entry(device.uuid.clone()).or_default();
+        *sum = sum.saturating_add(device.usedcores);
+    }
+    granted
 }
 
 /// The bitmaps of every GPU in `totals`, with every live pod's claims.
@@ -53,7 +74,14 @@ pub fn rebuild(pods: &[Arc<Pod>], totals: &Totals) -> HashMap<String, CuBitmap> 
                 continue;
             }
         };
+        let granted = granted_cus(pod);
         for (gpu, list) in &claims.0 {
+            let allowed = granted.get(gpu).copied().unwrap_or(0);
+            let claimed = u32::try_from(list.iter().count()).unwrap_or(u32::MAX);
+            if claimed > allowed {
+                warn!(pod = %who, gpu, claimed, granted = allowed, "ignoring a CU claim beyond what HAMi granted the pod");
+                continue;
+            }
             let Some(map) = maps.get_mut(gpu) else {
                 warn!(pod = %who, gpu, "ignoring a CU claim on a GPU this node does not have");
                 continue;
@@ -66,4 +94,75 @@ pub fn rebuild(pods: &[Arc<Pod>], totals: &Totals) -> HashMap<String, CuBitmap> 
         }
     }
     maps
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::*;
+
+    fn pod(name: &str, created: &str, allocated: &str, claimed: &str) -> Arc<Pod> {
+        let value = serde_json::json!({
+            "metadata": {
+                "name": name, "namespace": "default", "creationTimestamp": created,
+                "annotations": {ALLOCATED_KEY: allocated, CU_ALLOCATED_KEY: claimed}
+            },
+            "status": {"phase": "Running"}
+        });
+        Arc::new(serde_json::from_value(value).unwrap())
+    }
+
+    fn free(maps: &HashMap<String, CuBitmap>) -> u32 {
+        maps["A"].free_count()
+    }
+
+    #[test]
+    fn honest_claims_count_and_forged_ones_do_not() {
+        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let honest = pod(
+            "a",
+            "2026-11-29T08:00:00Z",
+            "A,T,1024,76:;",
+            r#"{"A":"0-75"}"#,
+        );
+        // Claims more than granted, a GPU not granted, and an overlap with an older pod.
+        let greedy = pod(
+            "b",
+            "2026-11-29T08:01:00Z",
+            "A,T,1024,10:;",
+            r#"{"A":"100-199"}"#,
+        );
+        let stranger = pod(
+            "c",
+            "2026-11-29T08:02:00Z",
+            "B,T,1024,10:;",
+            r#"{"A":"200-209"}"#,
+        );
+        let overlap = pod(
+            "d",
+            "2026-11-29T08:03:00Z",
+            "A,T,1024,10:;",
+            r#"{"A":"70-79"}"#,
+        );
+        let garbage = pod("e", "2026-11-29T08:04:00Z", "A,T,1024,10:;", "not json");
+        let maps = rebuild(&[honest, greedy, stranger, overlap, garbage], &totals);
+        assert_eq!(free(&maps), 304 - 76, "only the honest claim counts");
+        assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
+    }
+
+    #[test]
+    fn finished_pods_release_their_cus() {
+        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let done = pod(
+            "a",
+            "2026-11-29T08:00:00Z",
+            "A,T,1024,76:;",
+            r#"{"A":"0-75"}"#,
+        );
+        let mut finished = (*done).clone();
+        finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        let maps = rebuild(&[Arc::new(finished)], &totals);
+        assert_eq!(free(&maps), 304);
+    }
 }
