@@ -9,6 +9,7 @@ pub mod apiserver;
 pub mod bus;
 pub mod fake_amdsmi;
 pub mod fixture;
+pub mod hami_emulator;
 pub mod kubelet;
 pub mod release;
 pub mod stack;

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
     bus::{Policy, PrivateBus},
+    hami_emulator::{Grant, HamiEmulator},
     kubelet::FakeKubelet,
     stack,
 };
@@ -28,8 +29,16 @@ struct Gpu {
     rocr_uuid: String,
 }
 
-/// What HAMi's Filter and Bind write for a pod granted `devices`
-/// (`(gpu, memMiB, cuCount)` per device, one container).
+fn grant(g: &Gpu, mem_mib: u32, cus: u32) -> Grant {
+    Grant {
+        id: g.id.clone(),
+        device_type: g.device_type.clone(),
+        mem_mib,
+        cus,
+    }
+}
+
+/// HAMi's Filter and Bind for one container granted `devices`.
 fn schedule(api: &FakeApiServer, name: &str, devices: &[(&Gpu, u32, u32)], bind_time: u64) {
     schedule_containers(api, name, &[devices], bind_time);
 }
@@ -41,32 +50,14 @@ fn schedule_containers(
     containers: &[&[(&Gpu, u32, u32)]],
     bind_time: u64,
 ) {
-    let entry: String = containers
+    let grants: Vec<Vec<Grant>> = containers
         .iter()
-        .map(|devices| {
-            devices
-                .iter()
-                .map(|(g, mem, cus)| format!("{},{},{mem},{cus}:", g.id, g.device_type))
-                .collect::<String>()
-                + ";"
-        })
+        .map(|c| c.iter().map(|(g, mem, cus)| grant(g, *mem, *cus)).collect())
         .collect();
-    api.put_pod(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": {
-            "hami.io/vgpu-node": NODE,
-            "hami.io/vgpu-time": bind_time.to_string(),
-            "hami.io/amd-devices-to-allocate": entry,
-            "hami.io/amd-devices-allocated": entry,
-            "hami.io/bind-phase": "allocating",
-            "hami.io/bind-time": bind_time.to_string(),
-        }},
-        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "rocm"}]},
-        "status": {"phase": "Pending"}
-    }));
-    let mut node = api.get(Kind::Node, "", NODE).unwrap();
-    node["metadata"]["annotations"][LOCK] = json!(format!("2026-11-29T08:00:00Z,default,{name}"));
-    api.put_node(node);
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    hami.bind(api, name, &grants, bind_time);
 }
 
 fn pod_annotation(api: &FakeApiServer, name: &str, key: &str) -> Option<String> {
@@ -160,6 +151,7 @@ async fn scenario() {
     preferred_follows_hami(&w).await;
     two_containers_across_a_plugin_restart(&mut w).await;
     memory_only(&w).await;
+    two_gpus_in_one_container(&w).await;
     api_unreachable(&w).await;
 }
 
@@ -374,5 +366,31 @@ async fn api_unreachable(w: &World) {
     assert_eq!(
         pod_annotation(api, "offline", "hami.io/amd-cu-allocated"),
         None
+    );
+}
+
+async fn two_gpus_in_one_container(w: &World) {
+    let (api, kubelet, g6, g7) = (&w.api, &w.kubelet, &w.gpus[6], &w.gpus[7]);
+    schedule(api, "pair", &[(g6, 4096, 38), (g7, 4096, 38)], 108);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids = vec![format!("{}#0", g6.id), format!("{}#0", g7.id)];
+    let answer = kubelet.allocate(ids).await.unwrap();
+    assert_eq!(
+        answer.envs["ROCR_VISIBLE_DEVICES"],
+        format!("{},{}", g6.rocr_uuid, g7.rocr_uuid)
+    );
+    assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-37;1:0-37");
+    assert_eq!(answer.envs["HIP_DEVICE_MEMORY_LIMIT_0"], "4096m");
+    assert_eq!(answer.envs["HIP_DEVICE_MEMORY_LIMIT_1"], "4096m");
+    assert_eq!(
+        answer.devices.len(),
+        5,
+        "kfd plus a card and a render node per GPU"
+    );
+    let cus = pod_annotation(api, "pair", "hami.io/amd-cu-allocated").unwrap();
+    let cus: Value = serde_json::from_str(&cus).unwrap();
+    assert_eq!(
+        (cus[&g6.id].as_str(), cus[&g7.id].as_str()),
+        (Some("0-37"), Some("0-37"))
     );
 }
