@@ -45,6 +45,25 @@ impl HamiEmulator {
     /// # Panics
     /// When the node does not exist on the fake API server (a test bug).
     pub fn bind(&self, api: &FakeApiServer, name: &str, containers: &[Vec<Grant>], now: u64) {
+        self.bind_unlocked(api, name, containers, now);
+        let Some(mut node) = api.get(Kind::Node, "", &self.node) else {
+            panic!("node {} is not on the fake API server", self.node);
+        };
+        node["metadata"]["annotations"]["hami.io/mutex.lock"] =
+            json!(format!("2026-11-29T08:00:00Z,default,{name}"));
+        api.put_node(node);
+    }
+
+    /// Filter + Bind without taking the node lock (as HAMi does for pods
+    /// whose AMD request is in init containers only): the plugin must find
+    /// the pod by the fallback rule.
+    pub fn bind_unlocked(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        containers: &[Vec<Grant>],
+        now: u64,
+    ) {
         let entry = encode(containers);
         api.put_pod(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -59,12 +78,6 @@ impl HamiEmulator {
             "spec": {"nodeName": self.node, "containers": [{"name": "c", "image": "rocm"}]},
             "status": {"phase": "Pending"}
         }));
-        let Some(mut node) = api.get(Kind::Node, "", &self.node) else {
-            panic!("node {} is not on the fake API server", self.node);
-        };
-        node["metadata"]["annotations"]["hami.io/mutex.lock"] =
-            json!(format!("2026-11-29T08:00:00Z,default,{name}"));
-        api.put_node(node);
     }
 }
 

@@ -394,3 +394,74 @@ async fn two_gpus_in_one_container(w: &World) {
         (Some("0-37"), Some("0-37"))
     );
 }
+
+/// 50 pods bound at once (no node lock: found by the fallback rule, oldest
+/// bind-time first), 50 Allocates in flight together: every pod gets its
+/// CUs, and no two pods share a CU.
+#[test]
+fn fifty_pods_at_once_never_share_a_cu() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), fifty_pods())
+            .await
+            .expect("test timed out");
+    });
+}
+
+async fn fifty_pods() {
+    let w = world().await;
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    for i in 0..50_u64 {
+        let g = &w.gpus[usize::try_from(i % 8).unwrap()];
+        hami.bind_unlocked(
+            &w.api,
+            &format!("many-{i}"),
+            &[vec![grant(g, 1024, 38)]],
+            1000 + i,
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = (0..50).map(|i| {
+        w.kubelet
+            .allocate(vec![format!("{}#{}", w.gpus[i % 8].id, i / 8)])
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    assert!(
+        answers.iter().all(Result::is_ok),
+        "{:?}",
+        answers.iter().find(|a| a.is_err())
+    );
+    let mut used: std::collections::HashMap<String, Vec<u64>> = std::collections::HashMap::new();
+    for i in 0..50 {
+        let name = format!("many-{i}");
+        assert_eq!(
+            pod_annotation(&w.api, &name, "hami.io/bind-phase").as_deref(),
+            Some("success"),
+            "{name}"
+        );
+        let cus: Value = serde_json::from_str(
+            &pod_annotation(&w.api, &name, "hami.io/amd-cu-allocated").unwrap(),
+        )
+        .unwrap();
+        for (gpu, list) in cus.as_object().unwrap() {
+            let (a, b) = list.as_str().unwrap().split_once('-').unwrap();
+            used.entry(gpu.clone())
+                .or_default()
+                .extend(a.parse::<u64>().unwrap()..=b.parse().unwrap());
+        }
+    }
+    for (gpu, cus) in &used {
+        let distinct: std::collections::HashSet<&u64> = cus.iter().collect();
+        assert_eq!(distinct.len(), cus.len(), "GPU {gpu}: overlapping CUs");
+    }
+    assert_eq!(used.values().map(Vec::len).sum::<usize>(), 50 * 38);
+}

@@ -48,6 +48,10 @@ pub struct Allocator {
     snapshots: watch::Receiver<Snapshot>,
     config: AllocateConfig,
     serial: Mutex<()>,
+    /// Pods as our own last patch returned them, until the watch catches up:
+    /// Allocates are serialised, and the next one must not see a pod's entry
+    /// that the previous one already consumed.
+    recent: std::sync::Mutex<HashMap<(String, String), Arc<Pod>>>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -71,6 +75,7 @@ impl Allocator {
             snapshots,
             config,
             serial: Mutex::new(()),
+            recent: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -82,10 +87,10 @@ impl Allocator {
     pub async fn allocate(&self, ids: &[String]) -> Result<ContainerAllocateResponse, String> {
         let _serial = self.serial.lock().await;
         let node = self.caches.node();
-        let pods = self.caches.pods.state();
+        let pods = self.view(self.caches.pods.state());
         let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
             Ok(pod) => pod,
-            Err(err) => self.lock_owner_from_api(node.as_deref()).await.ok_or(err)?,
+            Err(err) => self.lock_owner_from_api(ids.len()).await.ok_or(err)?,
         };
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
         match self.allocate_for(&pod, &pods, ids.len()).await {
@@ -102,17 +107,23 @@ impl Allocator {
         }
     }
 
-    /// Off the happy path: the lock names a pod the watch has not delivered
-    /// yet; read it once from the API server.
-    async fn lock_owner_from_api(&self, node: Option<&Node>) -> Option<Arc<Pod>> {
-        let (namespace, name) = pod::lock_owner(node?).ok().flatten()?;
+    /// Off the happy path: the cached view did not name a fitting pod (the
+    /// watch lags behind HAMi's lock or the pod); read the node and the lock
+    /// owner once from the API server.
+    async fn lock_owner_from_api(&self, count: usize) -> Option<Arc<Pod>> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name))
+            .await
+            .ok()?
+            .ok()?;
+        let (namespace, name) = pod::lock_owner(&node).ok().flatten()?;
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
         let pod = tokio::time::timeout(CALL_TIMEOUT, api.get(&name))
             .await
             .ok()?
             .ok()?;
-        info!(pod = %format!("{namespace}/{name}"), "the lock owner was not in the cache yet; read it");
-        Some(Arc::new(pod))
+        info!(pod = %format!("{namespace}/{name}"), "the cache lagged behind the lock; read it");
+        (pod::next_entry_len(&pod) == Some(count)).then(|| Arc::new(pod))
     }
 
     async fn allocate_for(
@@ -173,6 +184,29 @@ impl Allocator {
         Ok(answer)
     }
 
+    /// The cached pods, with our own newer writes laid over them.
+    fn view(&self, cached: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let rv = |p: &Pod| p.resource_version().and_then(|v| v.parse::<u64>().ok());
+        cached
+            .into_iter()
+            .map(|p| {
+                let key = (p.namespace().unwrap_or_default(), p.name_any());
+                match recent.get(&key) {
+                    Some(ours) if rv(&p) < rv(ours) => Arc::clone(ours),
+                    Some(_) => {
+                        recent.remove(&key);
+                        p
+                    }
+                    None => p,
+                }
+            })
+            .collect()
+    }
+
     async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<(), String> {
         let ns = pod.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
@@ -180,7 +214,15 @@ impl Allocator {
         let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
         match tokio::time::timeout(CALL_TIMEOUT, api.patch(&pod.name_any(), &params, &patch)).await
         {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(written)) => {
+                let key = (ns, written.name_any());
+                let mut recent = self
+                    .recent
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                recent.insert(key, Arc::new(written));
+                Ok(())
+            }
             Ok(Err(err)) => Err(format!("patching the pod: {err}")),
             Err(_) => Err(format!("patching the pod timed out after {CALL_TIMEOUT:?}")),
         }

@@ -56,7 +56,7 @@ pub fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
 }
 
 /// How many devices the pod's next to-allocate entry holds, if any.
-fn next_entry_len(pod: &Pod) -> Option<usize> {
+pub fn next_entry_len(pod: &Pod) -> Option<usize> {
     let value = pod.annotations().get(TO_ALLOCATE_KEY)?;
     let containers = parse_pod_devices(DevicesAnnotation::ToAllocate, value).ok()?;
     containers
@@ -76,12 +76,18 @@ pub fn find(
     count: usize,
 ) -> Result<Arc<Pod>, String> {
     if let Some((namespace, name)) = node.map(lock_owner).transpose()?.flatten() {
+        // A lock owner without a matching entry is a stale view (the lock
+        // moved on, or the pod's last write has not come back yet).
         return pods
             .iter()
             .find(|p| p.namespace().as_deref() == Some(namespace.as_str()) && p.name_any() == name)
+            .filter(|p| next_entry_len(p) == Some(count))
             .cloned()
             .ok_or_else(|| {
-                format!("the node lock names {namespace}/{name}, which is not on node {node_name}")
+                format!(
+                    "the node lock names {namespace}/{name}, which has no pending entry of {count} \
+                     device(s) on node {node_name}"
+                )
             });
     }
     let mut candidates: Vec<&Arc<Pod>> = pods
