@@ -104,16 +104,7 @@ fn slices_whole_gpus_and_failures_end_to_end() {
     if !common::can_run_bus_tests() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(120), scenario())
-            .await
-            .expect("test timed out");
-    });
+    common::run_async(Duration::from_secs(120), scenario());
 }
 
 /// Everything the scenario runs on; dropped (and stopped) together.
@@ -403,16 +394,7 @@ fn fifty_pods_at_once_never_share_a_cu() {
     if !common::can_run_bus_tests() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(120), fifty_pods())
-            .await
-            .expect("test timed out");
-    });
+    common::run_async(Duration::from_secs(120), fifty_pods());
 }
 
 async fn fifty_pods() {

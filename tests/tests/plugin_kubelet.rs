@@ -21,23 +21,6 @@ use tests::{
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// Runs `body` on a runtime, failing after `limit`.
-fn within<F: std::future::Future<Output = ()>>(limit: Duration, body: F) {
-    runtime().block_on(async {
-        tokio::time::timeout(limit, body)
-            .await
-            .expect("test timed out")
-    });
-}
-
 fn gpus_of(devices: &[Device]) -> BTreeSet<String> {
     devices
         .iter()
@@ -80,7 +63,7 @@ fn registers_and_lists_slots_with_numa_for_eight_mi300x() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(60), async {
+    common::run_async(Duration::from_secs(60), async {
         let s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         let reg = s.kubelet.wait_registrations(1, WAIT).await.unwrap();
         assert_eq!(reg.version, "v1beta1");
@@ -113,7 +96,7 @@ fn radeon_slots_follow_the_gfx_generation() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(60), async {
+    common::run_async(Duration::from_secs(60), async {
         let s = start(common::build_fixture("rx9070xt-igpu"), &[]).await;
         // gfx1201 gets 2 slots, the gfx1036 iGPU 10.
         let devices = s
@@ -141,7 +124,7 @@ fn a_vanished_gpu_turns_its_slots_unhealthy() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(60), async {
+    common::run_async(Duration::from_secs(60), async {
         let s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 80)
@@ -166,7 +149,7 @@ fn twenty_kubelet_restarts_each_re_register_within_five_seconds() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(200), async {
+    common::run_async(Duration::from_secs(200), async {
         let mut s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet.wait_registrations(1, WAIT).await.unwrap();
         for round in 2..=21 {
@@ -198,7 +181,7 @@ fn sigterm_stops_the_plugin_cleanly_and_removes_its_socket() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(60), async {
+    common::run_async(Duration::from_secs(60), async {
         let mut s = start(common::build_fixture("rx9070xt-igpu"), &[]).await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 12)
@@ -227,7 +210,7 @@ fn a_kubelet_down_for_seconds_is_registered_with_when_it_returns() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(60), async {
+    common::run_async(Duration::from_secs(60), async {
         let mut s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet.wait_registrations(1, WAIT).await.unwrap();
         for (round, downtime) in [(2, 1500), (3, 3000)] {
@@ -252,7 +235,7 @@ fn the_plugin_follows_amd_gpud_through_a_restart() {
     if !common::can_run_bus_tests() {
         return;
     }
-    within(Duration::from_secs(90), async {
+    common::run_async(Duration::from_secs(90), async {
         let mut s = start(common::build_fixture("mi300x-8-spx"), &[]).await;
         s.kubelet
             .wait_devices(WAIT, |d| d.len() == 80)
@@ -298,7 +281,7 @@ fn preferred_allocation_on_the_mi210_capture() {
     }
     let root = fixture::scratch_dir().unwrap();
     fixture::link_capture(&capture, root.path()).unwrap();
-    within(Duration::from_secs(90), async {
+    common::run_async(Duration::from_secs(90), async {
         let bus = PrivateBus::start(Policy::Shipped).unwrap();
         let fake_node = common::fake_node_exe();
         let _gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();

@@ -52,16 +52,7 @@ fn the_node_register_annotation_follows_the_inventory() {
     if !common::can_run_bus_tests() {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(90), scenario())
-            .await
-            .expect("test timed out");
-    });
+    common::run_async(Duration::from_secs(90), scenario());
 }
 
 async fn scenario() {

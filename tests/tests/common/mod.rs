@@ -182,3 +182,17 @@ pub fn build_fixture(name: &str) -> tempfile::TempDir {
     tests::fixture::build(&spec, root.path(), &options).unwrap();
     root
 }
+
+/// Runs `body` on a fresh two-thread runtime, failing the test after `limit`.
+pub fn run_async<F: std::future::Future<Output = ()>>(limit: Duration, body: F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(limit, body)
+            .await
+            .expect("test timed out");
+    });
+}
