@@ -147,7 +147,12 @@ async fn scenario() {
 }
 
 async fn world() -> World {
-    let root = common::build_fixture("mi300x-8-spx");
+    world_on("mi300x-8-spx", 80).await
+}
+
+/// The stack on builder fixture `fixture`, once kubelet lists `devices` slots.
+async fn world_on(fixture: &str, devices: usize) -> World {
+    let root = common::build_fixture(fixture);
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let fake_node = common::fake_node_exe();
     let gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
@@ -166,7 +171,7 @@ async fn world() -> World {
     let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
     let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), &extra).unwrap();
     kubelet
-        .wait_devices(Duration::from_secs(20), |d| d.len() == 80)
+        .wait_devices(Duration::from_secs(20), |d| d.len() == devices)
         .await
         .unwrap();
     let gpus = gpus(&api).await;
@@ -446,4 +451,55 @@ async fn fifty_pods() {
         assert_eq!(distinct.len(), cus.len(), "GPU {gpu}: overlapping CUs");
     }
     assert_eq!(used.values().map(Vec::len).sum::<usize>(), 50 * 38);
+}
+
+/// An RX 9070 XT (gfx1201: CUs in WGP pairs) next to an iGPU without a ROCr
+/// UUID (`unique_id` 0).
+#[test]
+fn wgp_rounding_and_a_gpu_without_rocr_uuid() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), radeon());
+}
+
+async fn radeon() {
+    let w = world_on("rx9070xt-igpu", 12).await;
+    let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
+    let igpu = w.gpus.iter().find(|g| !g.id.starts_with("GPU-")).unwrap();
+    // 13 CUs on gfx12: whole WGPs only, rounded down to 12.
+    schedule(&w.api, "odd", &[(dgpu, 4096, 13)], 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = w
+        .kubelet
+        .allocate(vec![format!("{}#0", dgpu.id)])
+        .await
+        .unwrap();
+    assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-11");
+    // One CU is less than a WGP: a clear error naming the smallest share.
+    schedule(&w.api, "tiny", &[(dgpu, 1024, 1)], 201);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = w
+        .kubelet
+        .allocate(vec![format!("{}#1", dgpu.id)])
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("2 CUs"), "{err:?}");
+    assert_eq!(
+        pod_annotation(&w.api, "tiny", "hami.io/bind-phase").as_deref(),
+        Some("failed")
+    );
+    // The iGPU has no ROCr UUID: it is selected by its container-local index.
+    schedule(&w.api, "apu", &[(igpu, 512, 2)], 202);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = w
+        .kubelet
+        .allocate(vec![format!("{}#0", igpu.id)])
+        .await
+        .unwrap();
+    assert_eq!(answer.envs["ROCR_VISIBLE_DEVICES"], "0");
+    assert!(
+        !answer.envs.contains_key("HSA_CU_MASK"),
+        "2 of 2 CUs is the whole GPU"
+    );
 }
