@@ -26,6 +26,29 @@ use tracing::info;
 
 use crate::{devices::DeviceTable, gpud_client::Bus};
 
+/// Entry point of the binary: parses `args` (help and version are not
+/// errors), runs, and maps errors to an exit code.
+pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
+    let cli = match <Cli as clap::Parser>::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("amd-device-plugin: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the plugin until SIGTERM or SIGINT.
 ///
 /// # Errors

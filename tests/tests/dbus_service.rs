@@ -27,6 +27,14 @@ use tests::{
 
 const GPU0: &str = "/io/hami/AmdGpu1/gpu/0000_05_00_0";
 const LAST_GPU: &str = "/io/hami/AmdGpu1/gpu/0000_b5_00_0";
+/// `busctl` arguments of a Rescan call.
+const RESCAN: [&str; 5] = [
+    "call",
+    "io.hami.AmdGpu1",
+    "/io/hami/AmdGpu1",
+    "io.hami.AmdGpu1.Node",
+    "Rescan",
+];
 const PART0: &str = "/io/hami/AmdGpu1/gpu/0000_05_00_0/partition/0";
 
 /// A running `amd-gpud serve` on a fake mi300x-8-spx node and a private bus.
@@ -191,13 +199,7 @@ fn policy_matrix_under_the_shipped_policy() {
     let Some(daemon) = start(Policy::Shipped) else {
         return;
     };
-    let rescan = [
-        "call",
-        "io.hami.AmdGpu1",
-        "/io/hami/AmdGpu1",
-        "io.hami.AmdGpu1.Node",
-        "Rescan",
-    ];
+    let rescan = RESCAN;
     let read = [
         "get-property",
         "io.hami.AmdGpu1",
@@ -228,13 +230,7 @@ fn the_method_check_refuses_other_uids_when_the_policy_lets_them_through() {
     let Some(daemon) = start(Policy::Relaxed) else {
         return;
     };
-    let rescan = [
-        "call",
-        "io.hami.AmdGpu1",
-        "/io/hami/AmdGpu1",
-        "io.hami.AmdGpu1.Node",
-        "Rescan",
-    ];
+    let rescan = RESCAN;
     let out = bus::busctl(&daemon.bus, OTHER_UID, &rescan).unwrap();
     assert!(
         !out.success(),

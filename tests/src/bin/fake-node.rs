@@ -44,35 +44,12 @@ fn main() -> ExitCode {
     }
     if argv.get(1).is_some_and(|a| a == "plugin") {
         argv.remove(1);
-        return run_plugin(argv);
+        return plugin::main(argv);
     }
     match run(Args::parse()) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("fake-node: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `fake-node plugin ...` is amd-device-plugin's command line.
-fn run_plugin(argv: Vec<OsString>) -> ExitCode {
-    let cli = match plugin::Cli::try_parse_from(argv) {
-        Ok(cli) => cli,
-        Err(err) => {
-            let _ = err.print();
-            // --help and --version are not errors.
-            return if err.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
-    };
-    match plugin::run(cli) {
-        Ok(code) => code,
-        Err(err) => {
-            eprintln!("amd-device-plugin: {err:#}");
             ExitCode::FAILURE
         }
     }
