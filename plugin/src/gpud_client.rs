@@ -6,11 +6,9 @@
 //! away the last snapshot is kept (marked disconnected) and the task
 //! reconnects by itself.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use futures_util::StreamExt;
-use std::collections::BTreeMap;
-
 use ipc::{
     BUS_NAME,
     proxy::NodeProxy,

@@ -84,6 +84,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         let config = allocate::AllocateConfig {
             dev_dir: cli.host_dev.clone(),
             hook_dir: cli.hook_path.clone(),
+            resource_name: cli.resource_name.clone(),
         };
         allocator = Some(std::sync::Arc::new(allocate::Allocator::new(
             client.clone(),

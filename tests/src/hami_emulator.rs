@@ -46,12 +46,7 @@ impl HamiEmulator {
     /// When the node does not exist on the fake API server (a test bug).
     pub fn bind(&self, api: &FakeApiServer, name: &str, containers: &[Vec<Grant>], now: u64) {
         self.bind_unlocked(api, name, containers, now);
-        let Some(mut node) = api.get(Kind::Node, "", &self.node) else {
-            panic!("node {} is not on the fake API server", self.node);
-        };
-        node["metadata"]["annotations"]["hami.io/mutex.lock"] =
-            json!(format!("2026-11-29T08:00:00Z,default,{name}"));
-        api.put_node(node);
+        self.lock(api, name);
     }
 
     /// Filter + Bind without taking the node lock (as HAMi does for pods
@@ -64,7 +59,65 @@ impl HamiEmulator {
         containers: &[Vec<Grant>],
         now: u64,
     ) {
+        let spec = json!([{"name": "c", "image": "rocm"}]);
+        self.put_bound(api, name, containers, now, json!({"containers": spec}));
+    }
+
+    /// Filter + Bind of a pod with AMD init containers (`init`, run in
+    /// order) and app containers (`app`), each requesting `amd.com/gpu` for
+    /// its devices; HAMi's entries list them init first. The node lock is
+    /// taken only when an app container requests AMD, as HAMi does.
+    ///
+    /// # Panics
+    /// As [`Self::bind`].
+    pub fn bind_staged(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        init: &[Vec<Grant>],
+        app: &[Vec<Grant>],
+        now: u64,
+    ) {
+        let containers = |prefix: &str, grants: &[Vec<Grant>]| -> Vec<serde_json::Value> {
+            grants
+                .iter()
+                .enumerate()
+                .map(|(i, g)| {
+                    json!({"name": format!("{prefix}-{i}"), "image": "rocm",
+                           "resources": {"limits": {"amd.com/gpu": g.len().to_string()}}})
+                })
+                .collect()
+        };
+        let spec = json!({
+            "initContainers": containers("init", init),
+            "containers": containers("app", app),
+        });
+        let all: Vec<Vec<Grant>> = init.iter().chain(app).cloned().collect();
+        self.put_bound(api, name, &all, now, spec);
+        if !app.is_empty() {
+            self.lock(api, name);
+        }
+    }
+
+    fn lock(&self, api: &FakeApiServer, name: &str) {
+        let Some(mut node) = api.get(Kind::Node, "", &self.node) else {
+            panic!("node {} is not on the fake API server", self.node);
+        };
+        node["metadata"]["annotations"]["hami.io/mutex.lock"] =
+            json!(format!("2026-11-29T08:00:00Z,default,{name}"));
+        api.put_node(node);
+    }
+
+    fn put_bound(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        containers: &[Vec<Grant>],
+        now: u64,
+        mut spec: serde_json::Value,
+    ) {
         let entry = encode(containers);
+        spec["nodeName"] = json!(self.node);
         api.put_pod(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "annotations": {
@@ -75,7 +128,7 @@ impl HamiEmulator {
                 "hami.io/bind-phase": "allocating",
                 "hami.io/bind-time": now.to_string(),
             }},
-            "spec": {"nodeName": self.node, "containers": [{"name": "c", "image": "rocm"}]},
+            "spec": spec,
             "status": {"phase": "Pending"}
         }));
     }

@@ -9,95 +9,13 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::{Value, json};
-use tests::{
-    apiserver::{FakeApiServer, Kind},
-    bus::{Policy, PrivateBus},
-    hami_emulator::{Grant, HamiEmulator},
-    kubelet::FakeKubelet,
-    stack,
+use common::world::{
+    Gpu, NODE, World, grant, lock, pod_annotation, schedule, schedule_containers, world, world_on,
 };
-
-const NODE: &str = "gpu-node-1";
-const LOCK: &str = "hami.io/mutex.lock";
-
-struct Gpu {
-    id: String,
-    device_type: String,
-    rocr_uuid: String,
-}
-
-fn grant(g: &Gpu, mem_mib: u32, cus: u32) -> Grant {
-    Grant {
-        id: g.id.clone(),
-        device_type: g.device_type.clone(),
-        mem_mib,
-        cus,
-    }
-}
-
-/// HAMi's Filter and Bind for one container granted `devices`.
-fn schedule(api: &FakeApiServer, name: &str, devices: &[(&Gpu, u32, u32)], bind_time: u64) {
-    schedule_containers(api, name, &[devices], bind_time);
-}
-
-/// The same for several AMD containers, in order.
-fn schedule_containers(
-    api: &FakeApiServer,
-    name: &str,
-    containers: &[&[(&Gpu, u32, u32)]],
-    bind_time: u64,
-) {
-    let grants: Vec<Vec<Grant>> = containers
-        .iter()
-        .map(|c| c.iter().map(|(g, mem, cus)| grant(g, *mem, *cus)).collect())
-        .collect();
-    let hami = HamiEmulator {
-        node: NODE.to_owned(),
-    };
-    hami.bind(api, name, &grants, bind_time);
-}
-
-fn pod_annotation(api: &FakeApiServer, name: &str, key: &str) -> Option<String> {
-    let pod = api.get(Kind::Pod, "default", name)?;
-    pod["metadata"]["annotations"][key]
-        .as_str()
-        .map(str::to_owned)
-}
-
-fn lock(api: &FakeApiServer) -> Option<String> {
-    api.get(Kind::Node, "", NODE)?["metadata"]["annotations"][LOCK]
-        .as_str()
-        .map(str::to_owned)
-}
-
-async fn gpus(api: &FakeApiServer) -> Vec<Gpu> {
-    let start = Instant::now();
-    loop {
-        let value = api.get(Kind::Node, "", NODE).and_then(|n| {
-            n["metadata"]["annotations"]["hami.io/node-amd-register"]
-                .as_str()
-                .map(str::to_owned)
-        });
-        if let Some(devices) = value.and_then(|v| serde_json::from_str::<Vec<Value>>(&v).ok()) {
-            return devices
-                .iter()
-                .map(|d| Gpu {
-                    id: d["id"].as_str().unwrap().to_owned(),
-                    device_type: d["type"].as_str().unwrap().to_owned(),
-                    rocr_uuid: d["id"].as_str().unwrap().to_owned(),
-                })
-                .collect();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the plugin did not register the node"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use serde_json::Value;
+use tests::hami_emulator::HamiEmulator;
 
 #[test]
 fn slices_whole_gpus_and_failures_end_to_end() {
@@ -105,33 +23,6 @@ fn slices_whole_gpus_and_failures_end_to_end() {
         return;
     }
     common::run_async(Duration::from_secs(120), scenario());
-}
-
-/// Everything the scenario runs on; dropped (and stopped) together.
-struct World {
-    api: FakeApiServer,
-    kubelet: FakeKubelet,
-    gpus: Vec<Gpu>,
-    bus: PrivateBus,
-    plugin: stack::Process,
-    extra: Vec<String>,
-    _keep: (tempfile::TempDir, stack::Process),
-}
-
-impl World {
-    /// Stops the plugin and starts a new one (kubelet keeps running).
-    async fn restart_plugin(&mut self) {
-        self.plugin.kill();
-        let registrations = self.kubelet.registrations().len();
-        let fake_node = common::fake_node_exe();
-        self.plugin =
-            stack::plugin(&fake_node, &self.bus, self.kubelet.dir(), &self.extra).unwrap();
-        self.kubelet
-            .wait_registrations(registrations + 1, Duration::from_secs(20))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await; // its caches fill
-    }
 }
 
 async fn scenario() {
@@ -144,46 +35,6 @@ async fn scenario() {
     memory_only(&w).await;
     two_gpus_in_one_container(&w).await;
     api_unreachable(&w).await;
-}
-
-async fn world() -> World {
-    world_on("mi300x-8-spx", 80).await
-}
-
-/// The stack on builder fixture `fixture`, once kubelet lists `devices` slots.
-async fn world_on(fixture: &str, devices: usize) -> World {
-    let root = common::build_fixture(fixture);
-    let bus = PrivateBus::start(Policy::Shipped).unwrap();
-    let fake_node = common::fake_node_exe();
-    let gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
-    let api = FakeApiServer::start().unwrap();
-    api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
-    let kubeconfig = api.kubeconfig(root.path()).display().to_string();
-    let kubelet = FakeKubelet::start().await.unwrap();
-    let extra = [
-        "--kube",
-        kubeconfig.as_str(),
-        "--node-name",
-        NODE,
-        "--hook-path",
-        "/opt/hook",
-    ];
-    let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
-    let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), &extra).unwrap();
-    kubelet
-        .wait_devices(Duration::from_secs(20), |d| d.len() == devices)
-        .await
-        .unwrap();
-    let gpus = gpus(&api).await;
-    World {
-        api,
-        kubelet,
-        gpus,
-        bus,
-        plugin,
-        extra,
-        _keep: (root, gpud),
-    }
 }
 
 async fn quarters_of_one_gpu(w: &World) {

@@ -17,6 +17,8 @@ use std::{
 
 use futures_util::StreamExt;
 use ipc::{BUS_NAME, ROOT_PATH};
+pub use node::Shared;
+pub use publish::PublishError;
 use tracing::{error, info, warn};
 use zbus::{
     Connection, MatchRule, MessageStream,
@@ -24,9 +26,6 @@ use zbus::{
     fdo::{ObjectManager, RequestNameFlags, RequestNameReply},
     message::Type as MessageType,
 };
-
-pub use node::Shared;
-pub use publish::PublishError;
 
 use self::node::NodeObject;
 use crate::service::Service;

@@ -7,9 +7,8 @@
 
 pub mod registry;
 
-use tracing::info;
-
 pub use registry::{ObjectKey, Presence, Registry, Update};
+use tracing::info;
 
 use crate::{
     amdsmi::{AmdSmiConfig, report::AmdSmiReport},

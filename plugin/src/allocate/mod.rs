@@ -5,23 +5,29 @@
 
 mod hint;
 mod occupancy;
+mod ours;
 mod pod;
 mod response;
+mod reuse;
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::Arc,
+};
 
+pub use hint::HamiHint;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
 };
+pub use pod::{LOCK_KEY, parse_lock};
 use proto::v1beta1::ContainerAllocateResponse;
+pub use reuse::CU_SPARE_KEY;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 use tracing::{info, warn};
-
-pub use hint::HamiHint;
-pub use pod::{LOCK_KEY, parse_lock};
 
 use crate::{
     cu::CuBitmap,
@@ -31,7 +37,7 @@ use crate::{
         CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, TO_ALLOCATE_KEY, has_pending,
         parse_cu_allocated, parse_pod_devices, pop_next,
     },
-    kube::{CALL_TIMEOUT, Caches},
+    kube::{CALL_TIMEOUT, Caches, Events, Regarding},
 };
 
 /// Where the host's device nodes and the memory hook are.
@@ -39,6 +45,9 @@ use crate::{
 pub struct AllocateConfig {
     pub dev_dir: PathBuf,
     pub hook_dir: PathBuf,
+    /// The count resource kubelet allocates (`amd.com/gpu`), to tell which
+    /// of the pod's containers HAMi's entries belong to.
+    pub resource_name: String,
 }
 
 /// Serialised Allocate over the caches.
@@ -48,10 +57,11 @@ pub struct Allocator {
     snapshots: watch::Receiver<Snapshot>,
     config: AllocateConfig,
     serial: Mutex<()>,
-    /// Pods as our own last patch returned them, until the watch catches up:
-    /// Allocates are serialised, and the next one must not see a pod's entry
-    /// that the previous one already consumed.
-    recent: std::sync::Mutex<HashMap<(String, String), Arc<Pod>>>,
+    /// Our writes laid over the cache (see [`ours`]).
+    ours: ours::Ours,
+    events: Events,
+    /// (pod uid, annotation value) of forged claims already reported.
+    reported: std::sync::Mutex<HashSet<(String, String)>>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -70,12 +80,14 @@ impl Allocator {
         config: AllocateConfig,
     ) -> Self {
         Self {
+            events: Events::new(client.clone(), &caches.node_name),
+            reported: std::sync::Mutex::new(HashSet::new()),
             client,
             caches,
             snapshots,
             config,
             serial: Mutex::new(()),
-            recent: std::sync::Mutex::new(HashMap::new()),
+            ours: ours::Ours::default(),
         }
     }
 
@@ -87,7 +99,8 @@ impl Allocator {
     pub async fn allocate(&self, ids: &[String]) -> Result<ContainerAllocateResponse, String> {
         let _serial = self.serial.lock().await;
         let node = self.caches.node();
-        let pods = self.view(self.caches.pods.state());
+        let (pods, edited) = self.ours.view(self.caches.pods.state());
+        self.report_distrust(edited);
         let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
             Ok(pod) => pod,
             Err(err) => self.lock_owner_from_api(ids.len()).await.ok_or(err)?,
@@ -158,7 +171,10 @@ impl Allocator {
             .iter()
             .map(|g| (gpu_id(g), g.compute_units))
             .collect();
-        let mut maps: HashMap<String, CuBitmap> = occupancy::rebuild(pods, &totals);
+        let occupancy = occupancy::rebuild(pods, &totals);
+        self.report_distrust(occupancy.distrusted);
+        let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
+        let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
         let mut slices = Vec::with_capacity(entry.len());
         for device in &entry {
             let index = *gpus.get(&device.uuid).ok_or_else(|| {
@@ -173,41 +189,47 @@ impl Allocator {
                 .get(&gpu.bdf)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            slices.push(response::slice(gpu, parts, device, &mut maps)?);
+            slices.push(response::slice(gpu, parts, device, &mut maps, &mut reuse)?);
         }
         let answer = response::build(&slices, &self.config)?;
-        let (annotations, complete) = write_back(pod, &slices, rest)?;
-        self.patch_pod(pod, annotations).await?;
+        let (mut annotations, complete) = write_back(pod, &slices, rest)?;
+        if let Some(spare) = reuse.annotation().map_err(|e| e.to_string())? {
+            annotations[CU_SPARE_KEY] = Value::String(spare);
+        }
+        info!(role = ?reuse.role(), "CUs chosen");
+        let written = self.patch_pod(pod, annotations).await?;
+        self.ours.recorded(&written);
         if complete {
             self.release_lock(pod).await;
         }
         Ok(answer)
     }
 
-    /// The cached pods, with our own newer writes laid over them.
-    fn view(&self, cached: Vec<Arc<Pod>>) -> Vec<Arc<Pod>> {
-        let mut recent = self
-            .recent
+    /// One Warning Event per forged claim (pod and value) on the pod.
+    fn report_distrust(&self, distrusted: Vec<occupancy::Distrust>) {
+        let mut reported = self
+            .reported
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let rv = |p: &Pod| p.resource_version().and_then(|v| v.parse::<u64>().ok());
-        cached
-            .into_iter()
-            .map(|p| {
-                let key = (p.namespace().unwrap_or_default(), p.name_any());
-                match recent.get(&key) {
-                    Some(ours) if rv(&p) < rv(ours) => Arc::clone(ours),
-                    Some(_) => {
-                        recent.remove(&key);
-                        p
-                    }
-                    None => p,
-                }
-            })
-            .collect()
+        for d in distrusted {
+            if !reported.insert((d.uid.clone(), d.value.clone())) {
+                continue;
+            }
+            let note = format!(
+                "{CU_ALLOCATED_KEY} of {}/{} is not trusted and not counted: {}",
+                d.namespace, d.name, d.reason
+            );
+            let regarding = Regarding::Pod {
+                namespace: d.namespace,
+                name: d.name,
+                uid: d.uid,
+            };
+            self.events
+                .warning(&regarding, "UntrustedCuClaim", "Allocate", note);
+        }
     }
 
-    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<(), String> {
+    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<Pod, String> {
         let ns = pod.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let body = json!({ "metadata": { "annotations": annotations } });
@@ -215,13 +237,8 @@ impl Allocator {
         match tokio::time::timeout(CALL_TIMEOUT, api.patch(&pod.name_any(), &params, &patch)).await
         {
             Ok(Ok(written)) => {
-                let key = (ns, written.name_any());
-                let mut recent = self
-                    .recent
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                recent.insert(key, Arc::new(written));
-                Ok(())
+                self.ours.wrote(written.clone());
+                Ok(written)
             }
             Ok(Err(err)) => Err(format!("patching the pod: {err}")),
             Err(_) => Err(format!("patching the pod timed out after {CALL_TIMEOUT:?}")),

@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use tracing::warn;
 
+use super::reuse;
 use crate::{
     cu::CuBitmap,
     hami::{
@@ -54,46 +55,100 @@ fn granted_cus(pod: &Pod) -> HashMap<String, u32> {
     granted
 }
 
+/// A claim that was not trusted: which pod, and why (for the Event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Distrust {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The annotation value judged, so that one forgery is reported once.
+    pub value: String,
+    pub reason: String,
+}
+
+/// The node's CU occupancy and the claims that were left out of it.
+#[derive(Debug, Default)]
+pub struct Occupancy {
+    pub maps: HashMap<String, CuBitmap>,
+    pub distrusted: Vec<Distrust>,
+}
+
 /// The bitmaps of every GPU in `totals`, with every live pod's claims.
-pub fn rebuild(pods: &[Arc<Pod>], totals: &Totals) -> HashMap<String, CuBitmap> {
-    let mut maps: HashMap<String, CuBitmap> = totals
-        .iter()
-        .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
-        .collect();
+pub fn rebuild(pods: &[Arc<Pod>], totals: &Totals) -> Occupancy {
+    let mut out = Occupancy {
+        maps: totals
+            .iter()
+            .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
+            .collect(),
+        distrusted: Vec::new(),
+    };
     let mut ordered: Vec<&Arc<Pod>> = pods.iter().filter(|p| !terminal(p)).collect();
     ordered.sort_by_key(|p| (created(p), p.name_any()));
     for pod in ordered {
         let Some(value) = pod.annotations().get(CU_ALLOCATED_KEY) else {
             continue;
         };
-        let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-        let claims = match parse_cu_allocated(value) {
-            Ok(c) => c,
-            Err(err) => {
-                warn!(pod = %who, "ignoring {CU_ALLOCATED_KEY}: {err}");
-                continue;
-            }
-        };
-        let granted = granted_cus(pod);
-        for (gpu, list) in &claims.0 {
-            let allowed = granted.get(gpu).copied().unwrap_or(0);
-            let claimed = u32::try_from(list.iter().count()).unwrap_or(u32::MAX);
-            if claimed > allowed {
-                warn!(pod = %who, gpu, claimed, granted = allowed, "ignoring a CU claim beyond what HAMi granted the pod");
-                continue;
-            }
-            let Some(map) = maps.get_mut(gpu) else {
-                warn!(pod = %who, gpu, "ignoring a CU claim on a GPU this node does not have");
-                continue;
-            };
-            for range in list.ranges() {
-                if let Err(err) = map.claim(range.start..range.end.saturating_add(1)) {
-                    warn!(pod = %who, gpu, "ignoring a CU claim: {err}");
-                }
-            }
+        let problems = add_pod(pod, value, &mut out.maps);
+        if !problems.is_empty() {
+            let reason = problems.join("; ");
+            let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            warn!(pod = %who, "not trusting {CU_ALLOCATED_KEY}: {reason}");
+            out.distrusted.push(Distrust {
+                namespace: pod.namespace().unwrap_or_default(),
+                name: pod.name_any(),
+                uid: pod.uid().unwrap_or_default(),
+                value: value.clone(),
+                reason,
+            });
         }
     }
-    maps
+    out
+}
+
+/// Claims `pod`'s CUs (`value`) in `maps`; returns why parts were left out.
+fn add_pod(pod: &Pod, value: &str, maps: &mut HashMap<String, CuBitmap>) -> Vec<String> {
+    let claims = match parse_cu_allocated(value) {
+        Ok(c) => c,
+        Err(err) => return vec![err.to_string()],
+    };
+    let granted = granted_cus(pod);
+    let mut problems = Vec::new();
+    for (gpu, list) in &claims.0 {
+        let allowed = granted.get(gpu).copied().unwrap_or(0);
+        let claimed = u32::try_from(list.iter().count()).unwrap_or(u32::MAX);
+        if allowed == 0 {
+            problems.push(format!(
+                "it claims CUs on GPU {gpu}, which HAMi did not grant the pod"
+            ));
+            continue;
+        }
+        if claimed > allowed {
+            problems.push(format!(
+                "it claims {claimed} CUs on GPU {gpu}, HAMi granted the pod {allowed}"
+            ));
+            continue;
+        }
+        let Some(map) = maps.get_mut(gpu) else {
+            problems.push(format!(
+                "it claims CUs on GPU {gpu}, which this node does not have"
+            ));
+            continue;
+        };
+        let list = reuse::occupied(pod, gpu, list).unwrap_or_else(|why| {
+            problems.push(why);
+            list.clone()
+        });
+        let mut trial = map.clone();
+        let overlap = list
+            .ranges()
+            .iter()
+            .find_map(|r| trial.claim(r.start..r.end.saturating_add(1)).err());
+        match overlap {
+            Some(err) => problems.push(format!("{err} (an older pod's claim wins)")),
+            None => *map = trial,
+        }
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -146,7 +201,10 @@ mod tests {
             r#"{"A":"70-79"}"#,
         );
         let garbage = pod("e", "2026-11-29T08:04:00Z", "A,T,1024,10:;", "not json");
-        let maps = rebuild(&[honest, greedy, stranger, overlap, garbage], &totals);
+        let rebuilt = rebuild(&[honest, greedy, stranger, overlap, garbage], &totals);
+        let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["b", "c", "d", "e"], "each forged claim is reported");
+        let maps = rebuilt.maps;
         assert_eq!(free(&maps), 304 - 76, "only the honest claim counts");
         assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
     }
@@ -162,7 +220,7 @@ mod tests {
         );
         let mut finished = (*done).clone();
         finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        let maps = rebuild(&[Arc::new(finished)], &totals);
+        let maps = rebuild(&[Arc::new(finished)], &totals).maps;
         assert_eq!(free(&maps), 304);
     }
 }

@@ -9,7 +9,7 @@ use std::{collections::HashMap, ops::Range};
 use ipc::types::{GpuInfo, PartitionInfo};
 use proto::v1beta1::{ContainerAllocateResponse, DeviceSpec, Mount};
 
-use super::AllocateConfig;
+use super::{AllocateConfig, reuse::Reuse};
 use crate::{
     cu::{CuBitmap, GpuSlice, render_env},
     hami::ContainerDevice,
@@ -39,7 +39,8 @@ impl Slice {
     }
 }
 
-/// Chooses the slice of `gpu` for `device` and claims its CUs in `maps`.
+/// Chooses the slice of `gpu` for `device` and claims its CUs in `maps`
+/// (the pod's spare init-container CUs first, see [`Reuse`]).
 ///
 /// # Errors
 /// When the CUs cannot be had (the message says why and the smallest share).
@@ -48,6 +49,7 @@ pub fn slice(
     parts: &[PartitionInfo],
     device: &ContainerDevice,
     maps: &mut HashMap<String, CuBitmap>,
+    reuse: &mut Reuse,
 ) -> Result<Slice, String> {
     let whole_cus = device.usedcores >= gpu.compute_units;
     let cus = if whole_cus {
@@ -56,12 +58,9 @@ pub fn slice(
         let map = maps
             .get_mut(&device.uuid)
             .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
-        let ranges = map
-            .choose(device.usedcores, gpu.cus_per_wgp)
+        let ranges = reuse
+            .choose(map, device.usedcores, gpu.cus_per_wgp)
             .map_err(|e| e.to_string())?;
-        for range in &ranges {
-            map.claim(range.clone()).map_err(|e| e.to_string())?;
-        }
         Some(ranges)
     };
     let vram_mib = gpu.vram_bytes / MIB;

@@ -4,10 +4,12 @@
 //! Reads on the hot path come from the caches; the API server sees watches
 //! and the few writes the protocol needs.
 
+mod events;
 mod register;
 
 use std::{path::Path, time::Duration};
 
+pub use events::{Events, Regarding};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
@@ -15,9 +17,8 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
-use tracing::warn;
-
 pub use register::{RegisterConfig, run_register};
+use tracing::warn;
 
 use crate::config::KubeAccess;
 

@@ -18,11 +18,10 @@ use std::{
 };
 
 use proto::v1beta1::device_plugin_server::DevicePluginServer;
-use tokio::sync::{Notify, oneshot, watch};
-use tracing::{Instrument, info, info_span, warn};
-
 pub use registration::{RegisterError, register_once};
 pub use service::{AllocationHint, PluginService, options};
+use tokio::sync::{Notify, oneshot, watch};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::{allocator::Policy, config::KubeAccess, devices::DeviceTable};
 

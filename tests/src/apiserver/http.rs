@@ -1,28 +1,31 @@
 //! The HTTP side: accept loop, routing, verbs, and the streaming watch.
 
-use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
-use std::io;
-use std::sync::Arc;
-use std::time::Duration;
+use std::{
+    collections::{HashMap, VecDeque},
+    convert::Infallible,
+    io,
+    sync::Arc,
+    time::Duration,
+};
 
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
-use hyper::header::CONTENT_TYPE;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Frame, Incoming},
+    header::CONTENT_TYPE,
+    server::conn::http1,
+    service::service_fn,
+};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::time::Instant;
+use tokio::{net::TcpListener, sync::oneshot, time::Instant};
 
-use super::select::Selector;
-use super::store::{Failure, Key, Sub};
-use super::{Kind, Shared};
+use super::{
+    Kind, Shared,
+    select::Selector,
+    store::{Failure, Key, Sub},
+};
 
 pub(crate) type Body = UnsyncBoxBody<Bytes, io::Error>;
 

@@ -26,20 +26,22 @@ mod merge;
 mod select;
 mod store;
 
-use std::collections::BTreeMap;
-use std::io;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
-
-use serde_json::Value;
-use tokio::sync::{oneshot, watch};
-
-use store::Store;
+use std::{
+    collections::BTreeMap,
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+};
 
 pub use merge::merge_patch;
+use serde_json::Value;
+use store::Store;
+use tokio::sync::{oneshot, watch};
 
 /// The resources the fake serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -5,9 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde_json::{Value, json};
 
-use super::Kind;
-use super::merge::merge_patch;
-use super::select::Selector;
+use super::{Kind, merge::merge_patch, select::Selector};
 
 /// How many write events a watch can be behind before it gets `410 Expired`.
 pub(crate) const HISTORY_LIMIT: usize = 1000;

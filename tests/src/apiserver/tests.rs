@@ -1,15 +1,14 @@
 //! The fake API server driven by the real kube-rs client.
 
-use std::future::Future;
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+use kube::{
+    Client, ResourceExt,
+    api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
+    runtime::watcher,
 };
-use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{FakeApiServer, Kind};

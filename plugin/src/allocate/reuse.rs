@@ -1,0 +1,252 @@
+//! A pod's init-container CUs, reused by its app containers on the same GPU
+//! (hami-protocol §4.2). HAMi counts a pod's CUs per GPU as `max(init peak,
+//! sum of app containers)` and shrinks to the app containers once the init
+//! containers have succeeded; reserving `init + app` for ever (what the Go
+//! plugin did) makes later pods fail Allocate on a node the scheduler
+//! considers free.
+//!
+//! Regular init containers run one after another and finish before any app
+//! container starts, so:
+//! - an init container takes the pod's spare init CUs on the GPU first (they
+//!   share), and its new CUs become spare too;
+//! - an app container (or a sidecar, an init container with `restartPolicy:
+//!   Always`, which keeps running beside the app) takes spare CUs first and
+//!   removes them from the spare set, so two running containers never share;
+//! - once every regular init container has succeeded, the CUs still spare are
+//!   dropped from the pod's occupancy.
+//!
+//! The spare set is kept in the pod annotation [`CU_SPARE_KEY`] (same format
+//! as `hami.io/amd-cu-allocated`, always a subset of it) so that a restarted
+//! plugin continues where it stopped. When the container being admitted
+//! cannot be told apart (the pod spec's AMD containers do not match HAMi's
+//! entries), it is treated as an app container: no reuse, never a shared CU.
+
+use std::{collections::BTreeMap, ops::Range};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::ResourceExt;
+
+use crate::{
+    cu::{CuBitmap, CuError, mask::normalize},
+    hami::{
+        CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, HamiError, parse_cu_allocated,
+        parse_pod_devices,
+    },
+};
+
+/// The pod's init-container CUs not (yet) handed to an app container.
+pub const CU_SPARE_KEY: &str = "hami.io/amd-cu-init-spare";
+
+/// What the container kubelet is admitting is, for CU reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A regular init container: runs alone, before the app containers.
+    Init,
+    /// An app container or a sidecar: runs beside the others.
+    App,
+}
+
+fn requests(container: &Container, resource: &str) -> bool {
+    container.resources.as_ref().is_some_and(|r| {
+        [&r.limits, &r.requests]
+            .into_iter()
+            .flatten()
+            .any(|m| m.contains_key(resource))
+    })
+}
+
+fn sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
+fn non_empty_entries(pod: &Pod, annotation: DevicesAnnotation) -> Option<usize> {
+    let value = pod.annotations().get(annotation.key())?;
+    let entries = parse_pod_devices(annotation, value).ok()?;
+    Some(entries.iter().filter(|e| !e.is_empty()).count())
+}
+
+/// The role of the container whose entry is next in the pod's to-allocate
+/// annotation. Kubelet admits init containers first, in spec order; HAMi's
+/// entries list only the containers that request `resource`.
+pub fn next_role(pod: &Pod, resource: &str) -> Role {
+    let (Some(granted), Some(left)) = (
+        non_empty_entries(pod, DevicesAnnotation::Allocated),
+        non_empty_entries(pod, DevicesAnnotation::ToAllocate),
+    ) else {
+        return Role::App;
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Role::App;
+    };
+    let inits: Vec<&Container> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| requests(c, resource))
+        .collect();
+    let apps = spec
+        .containers
+        .iter()
+        .filter(|c| requests(c, resource))
+        .count();
+    if inits.len() + apps != granted {
+        return Role::App;
+    }
+    match inits.get(granted.saturating_sub(left)) {
+        Some(c) if !sidecar(c) => Role::Init,
+        _ => Role::App,
+    }
+}
+
+/// True once every regular init container of `pod` has exited with 0.
+pub fn init_done(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return true;
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref());
+    spec.init_containers
+        .iter()
+        .flatten()
+        .filter(|c| !sidecar(c))
+        .all(|c| {
+            statuses
+                .into_iter()
+                .flatten()
+                .find(|s| s.name == c.name)
+                .and_then(|s| s.state.as_ref()?.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0)
+        })
+}
+
+/// The spare set written on `pod`, if it parses.
+pub fn spare_of(pod: &Pod) -> Option<Result<CuAllocated, HamiError>> {
+    pod.annotations()
+        .get(CU_SPARE_KEY)
+        .map(|v| parse_cu_allocated(v))
+}
+
+/// The choices of one container, with the pod's spare set as it goes.
+#[derive(Debug)]
+pub struct Reuse {
+    role: Role,
+    spare: BTreeMap<String, CuList>,
+    changed: bool,
+}
+
+impl Reuse {
+    /// For the next container of `pod` (a spare set that does not parse is
+    /// treated as empty: no reuse).
+    pub fn for_pod(pod: &Pod, resource: &str) -> Self {
+        let spare = spare_of(pod)
+            .and_then(Result::ok)
+            .map(|s| s.0)
+            .unwrap_or_default();
+        Self {
+            role: next_role(pod, resource),
+            spare,
+            changed: false,
+        }
+    }
+
+    /// The role this container was given.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Chooses `want` CUs (whole units of `unit`) on `map`'s GPU: the pod's
+    /// spare units first, lowest first, then free ones, which are claimed.
+    ///
+    /// # Errors
+    /// As [`CuBitmap::choose`] for the part that spare units do not cover.
+    pub fn choose(
+        &mut self,
+        map: &mut CuBitmap,
+        want: u32,
+        unit: u32,
+    ) -> Result<Vec<Range<u32>>, CuError> {
+        if !matches!(unit, 1 | 2) || want / unit == 0 {
+            return map.choose(want, unit);
+        }
+        let gpu = map.gpu().to_owned();
+        let spare = self.spare.get(&gpu).cloned().unwrap_or_default();
+        let reused: Vec<Range<u32>> = (0..map.total() / unit)
+            .map(|k| k * unit..(k + 1) * unit)
+            .filter(|r| r.clone().all(|cu| spare.contains(cu)))
+            .take(usize::try_from(want / unit).unwrap_or(usize::MAX))
+            .collect();
+        let missing = want / unit - u32::try_from(reused.len()).unwrap_or(u32::MAX);
+        let fresh = if missing > 0 {
+            map.choose(missing * unit, unit)?
+        } else {
+            Vec::new()
+        };
+        for range in &fresh {
+            map.claim(range.clone())?;
+        }
+        let next: Vec<u32> = match self.role {
+            Role::Init => spare
+                .iter()
+                .chain(fresh.iter().flat_map(Clone::clone))
+                .collect(),
+            Role::App => spare
+                .iter()
+                .filter(|cu| !reused.iter().any(|r| r.contains(cu)))
+                .collect(),
+        };
+        let next = CuList::from_indices(next);
+        if next != spare {
+            self.changed = true;
+            if next.is_empty() {
+                self.spare.remove(&gpu);
+            } else {
+                self.spare.insert(gpu, next);
+            }
+        }
+        Ok(normalize(&[reused, fresh].concat()))
+    }
+
+    /// The new value of [`CU_SPARE_KEY`] when it changed.
+    ///
+    /// # Errors
+    /// When a GPU id cannot be written (never for registered ids).
+    pub fn annotation(&self) -> Result<Option<String>, HamiError> {
+        if !self.changed {
+            return Ok(None);
+        }
+        CuAllocated(self.spare.clone()).encode().map(Some)
+    }
+}
+
+/// `claimed` without the pod's spare CUs on `gpu` once its init containers
+/// are done and nothing is left to allocate; unchanged otherwise, and when the
+/// spare set is not a subset of the claim (then it is not trusted).
+pub fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String> {
+    let pending = non_empty_entries(pod, DevicesAnnotation::ToAllocate).unwrap_or(0) > 0;
+    if pending || !init_done(pod) {
+        return Ok(claimed.clone());
+    }
+    let spare = match spare_of(pod) {
+        None => return Ok(claimed.clone()),
+        Some(Err(err)) => return Err(format!("{CU_SPARE_KEY}: {err}")),
+        Some(Ok(spare)) => spare,
+    };
+    let Some(list) = spare.0.get(gpu) else {
+        return Ok(claimed.clone());
+    };
+    if list.iter().any(|cu| !claimed.contains(cu)) {
+        return Err(format!(
+            "{CU_SPARE_KEY} names CUs {list} on {gpu} that {} does not claim",
+            CU_ALLOCATED_KEY
+        ));
+    }
+    Ok(CuList::from_indices(
+        claimed.iter().filter(|cu| !list.contains(*cu)),
+    ))
+}
+
+#[cfg(test)]
+#[path = "reuse_tests.rs"]
+mod tests;

@@ -1,0 +1,160 @@
+//! The stack of the Allocate end-to-end tests: amd-gpud on a private bus,
+//! the plugin with the real kube-rs client against the fake API server, the
+//! fake kubelet, and HAMi's scheduler emulated.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tests::{
+    apiserver::{FakeApiServer, Kind},
+    bus::{Policy, PrivateBus},
+    hami_emulator::{Grant, HamiEmulator},
+    kubelet::FakeKubelet,
+    stack,
+};
+
+pub const NODE: &str = "gpu-node-1";
+pub const LOCK: &str = "hami.io/mutex.lock";
+
+pub struct Gpu {
+    pub id: String,
+    pub device_type: String,
+    pub rocr_uuid: String,
+}
+
+pub fn grant(g: &Gpu, mem_mib: u32, cus: u32) -> Grant {
+    Grant {
+        id: g.id.clone(),
+        device_type: g.device_type.clone(),
+        mem_mib,
+        cus,
+    }
+}
+
+/// HAMi's Filter and Bind for one container granted `devices`.
+pub fn schedule(api: &FakeApiServer, name: &str, devices: &[(&Gpu, u32, u32)], bind_time: u64) {
+    schedule_containers(api, name, &[devices], bind_time);
+}
+
+/// The same for several AMD containers, in order.
+pub fn schedule_containers(
+    api: &FakeApiServer,
+    name: &str,
+    containers: &[&[(&Gpu, u32, u32)]],
+    bind_time: u64,
+) {
+    let grants: Vec<Vec<Grant>> = containers
+        .iter()
+        .map(|c| c.iter().map(|(g, mem, cus)| grant(g, *mem, *cus)).collect())
+        .collect();
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    hami.bind(api, name, &grants, bind_time);
+}
+
+pub fn pod_annotation(api: &FakeApiServer, name: &str, key: &str) -> Option<String> {
+    let pod = api.get(Kind::Pod, "default", name)?;
+    pod["metadata"]["annotations"][key]
+        .as_str()
+        .map(str::to_owned)
+}
+
+pub fn lock(api: &FakeApiServer) -> Option<String> {
+    api.get(Kind::Node, "", NODE)?["metadata"]["annotations"][LOCK]
+        .as_str()
+        .map(str::to_owned)
+}
+
+pub async fn gpus(api: &FakeApiServer) -> Vec<Gpu> {
+    let start = Instant::now();
+    loop {
+        let value = api.get(Kind::Node, "", NODE).and_then(|n| {
+            n["metadata"]["annotations"]["hami.io/node-amd-register"]
+                .as_str()
+                .map(str::to_owned)
+        });
+        if let Some(devices) = value.and_then(|v| serde_json::from_str::<Vec<Value>>(&v).ok()) {
+            return devices
+                .iter()
+                .map(|d| Gpu {
+                    id: d["id"].as_str().unwrap().to_owned(),
+                    device_type: d["type"].as_str().unwrap().to_owned(),
+                    rocr_uuid: d["id"].as_str().unwrap().to_owned(),
+                })
+                .collect();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the plugin did not register the node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Everything the scenario runs on; dropped (and stopped) together.
+pub struct World {
+    pub api: FakeApiServer,
+    pub kubelet: FakeKubelet,
+    pub gpus: Vec<Gpu>,
+    pub bus: PrivateBus,
+    pub plugin: stack::Process,
+    pub extra: Vec<String>,
+    _keep: (tempfile::TempDir, stack::Process),
+}
+
+impl World {
+    /// Stops the plugin and starts a new one (kubelet keeps running).
+    pub async fn restart_plugin(&mut self) {
+        self.plugin.kill();
+        let registrations = self.kubelet.registrations().len();
+        let fake_node = super::fake_node_exe();
+        self.plugin =
+            stack::plugin(&fake_node, &self.bus, self.kubelet.dir(), &self.extra).unwrap();
+        self.kubelet
+            .wait_registrations(registrations + 1, Duration::from_secs(20))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await; // its caches fill
+    }
+}
+
+pub async fn world() -> World {
+    world_on("mi300x-8-spx", 80).await
+}
+
+/// The stack on builder fixture `fixture`, once kubelet lists `devices` slots.
+pub async fn world_on(fixture: &str, devices: usize) -> World {
+    let root = super::build_fixture(fixture);
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let fake_node = super::fake_node_exe();
+    let gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
+    let api = FakeApiServer::start().unwrap();
+    api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let kubeconfig = api.kubeconfig(root.path()).display().to_string();
+    let kubelet = FakeKubelet::start().await.unwrap();
+    let extra = [
+        "--kube",
+        kubeconfig.as_str(),
+        "--node-name",
+        NODE,
+        "--hook-path",
+        "/opt/hook",
+    ];
+    let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
+    let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), &extra).unwrap();
+    kubelet
+        .wait_devices(Duration::from_secs(20), |d| d.len() == devices)
+        .await
+        .unwrap();
+    let gpus = gpus(&api).await;
+    World {
+        api,
+        kubelet,
+        gpus,
+        bus,
+        plugin,
+        extra,
+        _keep: (root, gpud),
+    }
+}

@@ -1,0 +1,236 @@
+//! Allocate end to end for pods that are more than one container, and for
+//! pods whose users edited the plugin's CU record: init containers lending
+//! their CUs to the app containers (across a plugin restart), and every
+//! forged-annotation case reported with an Event and never blocking others.
+//! Needs root (private bus).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::world::{Gpu, NODE, World, grant, lock, pod_annotation, schedule, world};
+use serde_json::{Value, json};
+use tests::{
+    apiserver::{FakeApiServer, Kind},
+    hami_emulator::HamiEmulator,
+};
+
+const CUS: &str = "hami.io/amd-cu-allocated";
+const SPARE: &str = "hami.io/amd-cu-init-spare";
+
+fn cus_of(api: &FakeApiServer, pod: &str, gpu: &Gpu) -> Option<String> {
+    let value: Value = serde_json::from_str(&pod_annotation(api, pod, CUS)?).unwrap();
+    value[&gpu.id].as_str().map(str::to_owned)
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(300)).await; // the watch delivers the pod
+}
+
+async fn mask(w: &World, gpu: &Gpu, slot: usize) -> String {
+    let answer = w
+        .kubelet
+        .allocate(vec![format!("{}#{slot}", gpu.id)])
+        .await
+        .unwrap();
+    answer.envs["HSA_CU_MASK"].clone()
+}
+
+#[test]
+fn init_containers_lend_their_cus_to_app_containers() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), init_and_app());
+}
+
+async fn init_and_app() {
+    let mut w = world().await;
+    let g5 = &w.gpus[5];
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    // HAMi counts max(init 152, app 76 + 38) = 152 CUs for this pod.
+    let init = vec![vec![grant(g5, 8192, 152)]];
+    let app = vec![vec![grant(g5, 4096, 76)], vec![grant(g5, 2048, 38)]];
+    hami.bind_staged(&w.api, "staged", &init, &app, 300);
+    settle().await;
+    assert_eq!(mask(&w, g5, 0).await, "0:0-151", "the init container");
+    assert_eq!(cus_of(&w.api, "staged", g5).as_deref(), Some("0-151"));
+    let g5_id = g5.id.clone();
+    w.restart_plugin().await;
+    let g5 = w.gpus.iter().find(|g| g.id == g5_id).unwrap();
+    assert_eq!(
+        mask(&w, g5, 1).await,
+        "0:0-75",
+        "the first app container reuses the init CUs, across a restart"
+    );
+    assert_eq!(mask(&w, g5, 2).await, "0:76-113", "never the first app's");
+    assert_eq!(
+        pod_annotation(&w.api, "staged", "hami.io/bind-phase").as_deref(),
+        Some("success")
+    );
+    assert_eq!(lock(&w.api), None);
+    assert_eq!(cus_of(&w.api, "staged", g5).as_deref(), Some("0-151"));
+    let spare: Value =
+        serde_json::from_str(&pod_annotation(&w.api, "staged", SPARE).unwrap()).unwrap();
+    assert_eq!(spare, json!({ g5.id.clone(): "114-151" }));
+
+    // While the init container has not run, its spare CUs stay reserved.
+    schedule(&w.api, "neighbour", &[(g5, 1024, 152)], 301);
+    settle().await;
+    assert_eq!(mask(&w, g5, 3).await, "0:152-303");
+
+    // Once it has succeeded, they are free again, as HAMi counts them.
+    let mut pod = w.api.get(Kind::Pod, "default", "staged").unwrap();
+    pod["status"] = json!({"phase": "Running", "initContainerStatuses": [{
+        "name": "init-0", "image": "rocm", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0}}}]});
+    w.api.put_pod(pod);
+    schedule(&w.api, "late", &[(g5, 1024, 38)], 302);
+    settle().await;
+    assert_eq!(mask(&w, g5, 4).await, "0:114-151");
+}
+
+#[test]
+fn forged_cu_claims_are_reported_and_never_block_other_pods() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), forged_claims());
+}
+
+/// Waits for the plugin's Warning Event about `pod`, and returns its note.
+async fn untrusted_event(api: &FakeApiServer, pod: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let found = api.events().into_iter().find(|e| {
+            e["regarding"]["name"] == pod
+                && e["regarding"]["kind"] == "Pod"
+                && e["reason"] == "UntrustedCuClaim"
+                && e["type"] == "Warning"
+        });
+        if let Some(event) = found {
+            return event["note"].as_str().unwrap_or_default().to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no UntrustedCuClaim Event for {pod}: {:?}",
+            api.events()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn events_about(api: &FakeApiServer, pod: &str) -> usize {
+    api.events()
+        .iter()
+        .filter(|e| e["regarding"]["name"] == pod)
+        .count()
+}
+
+/// A running pod as a user left it: HAMi granted `granted` (id, CUs), the
+/// CU record says `claimed`.
+fn forged_pod(api: &FakeApiServer, name: &str, granted: (&Gpu, u32), claimed: Value) {
+    let entry = format!(
+        "{},{},1024,{}:;",
+        granted.0.id, granted.0.device_type, granted.1
+    );
+    api.put_pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": {
+            "hami.io/vgpu-node": NODE,
+            "hami.io/amd-devices-allocated": entry,
+            "hami.io/amd-devices-to-allocate": ";",
+            "hami.io/bind-phase": "success",
+            CUS: claimed.to_string(),
+        }},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "rocm"}]},
+        "status": {"phase": "Running"}
+    }));
+}
+
+async fn forged_claims() {
+    let mut w = world().await;
+    let (g6, g7) = (&w.gpus[6], &w.gpus[7]);
+    schedule(&w.api, "honest", &[(g6, 1024, 76)], 400);
+    settle().await;
+    assert_eq!(mask(&w, g6, 0).await, "0:0-75");
+    schedule(&w.api, "editor", &[(g6, 1024, 38)], 401);
+    settle().await;
+    assert_eq!(mask(&w, g6, 1).await, "0:76-113");
+    schedule(&w.api, "older", &[(g7, 1024, 76)], 402);
+    settle().await;
+    assert_eq!(mask(&w, g7, 0).await, "0:0-75");
+
+    // An edit of a record this plugin wrote: its own record still counts.
+    let mut pod = w.api.get(Kind::Pod, "default", "editor").unwrap();
+    pod["metadata"]["annotations"][CUS] = json!(json!({ g6.id.clone(): "0-303" }).to_string());
+    w.api.put_pod(pod);
+    schedule(&w.api, "after-edit", &[(g6, 1024, 38)], 403);
+    settle().await;
+    assert_eq!(
+        mask(&w, g6, 2).await,
+        "0:114-151",
+        "the editor keeps 76-113"
+    );
+    let note = untrusted_event(&w.api, "editor").await;
+    assert!(note.contains("edited after the plugin wrote it"), "{note}");
+
+    // A restarted plugin has no record: the checks judge each claim.
+    let (g6_id, g7_id) = (g6.id.clone(), g7.id.clone());
+    w.restart_plugin().await;
+    let g6 = w.gpus.iter().find(|g| g.id == g6_id).unwrap();
+    let g7 = w.gpus.iter().find(|g| g.id == g7_id).unwrap();
+    forged_pod(
+        &w.api,
+        "greedy",
+        (g7, 38),
+        json!({ g7.id.clone(): "152-303" }),
+    );
+    forged_pod(
+        &w.api,
+        "stranger",
+        (g6, 38),
+        json!({ g7.id.clone(): "200-237" }),
+    );
+    forged_pod(
+        &w.api,
+        "overlapper",
+        (g7, 38),
+        json!({ g7.id.clone(): "38-75" }),
+    );
+    schedule(&w.api, "fresh", &[(g7, 1024, 228)], 404);
+    settle().await;
+    assert_eq!(
+        mask(&w, g7, 1).await,
+        "0:76-303",
+        "no forged claim blocks the rest of the GPU, the older claim is kept"
+    );
+    let greedy = untrusted_event(&w.api, "greedy").await;
+    assert!(
+        greedy.contains("claims 152 CUs") && greedy.contains("granted the pod 38"),
+        "{greedy}"
+    );
+    let stranger = untrusted_event(&w.api, "stranger").await;
+    assert!(stranger.contains("did not grant"), "{stranger}");
+    let overlapper = untrusted_event(&w.api, "overlapper").await;
+    assert!(
+        overlapper.contains("older pod's claim wins"),
+        "{overlapper}"
+    );
+
+    // Reported once per forgery, however many Allocates follow.
+    let g0 = &w.gpus[0];
+    schedule(&w.api, "one-more", &[(g0, 1024, 38)], 405);
+    settle().await;
+    assert_eq!(mask(&w, g0, 0).await, "0:0-37");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for pod in ["greedy", "stranger", "overlapper"] {
+        assert_eq!(events_about(&w.api, pod), 1, "{pod}");
+    }
+}
