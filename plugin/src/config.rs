@@ -80,6 +80,21 @@ pub struct Cli {
         default_value = "amd.com_gpu.sock"
     )]
     pub socket_name: String,
+    /// Hard VRAM caps through amd-gpud's dmem backend, set at
+    /// PreStartContainer: `auto` (when amd-gpud reports the backend on; a cap
+    /// that fails is logged and reported as an Event), `on` (required: a cap
+    /// that fails fails the container start), `off`.
+    #[arg(long, env = "AMDGPU_DP_DMEM_BACKEND", default_value = "auto", value_parser = DmemMode::from_str)]
+    pub dmem_backend: DmemMode,
+    /// Kubelet's pod-resources socket, to find the pod of a container after
+    /// a plugin restart; `none` to not use it.
+    #[arg(
+        long,
+        env = "AMDGPU_DP_POD_RESOURCES_SOCKET",
+        default_value = proto::DEFAULT_POD_RESOURCES_SOCKET,
+        value_name = "PATH|none"
+    )]
+    pub pod_resources_socket: String,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,
@@ -106,7 +121,33 @@ impl FromStr for KubeAccess {
     }
 }
 
+/// `--dmem-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DmemMode {
+    Auto,
+    On,
+    Off,
+}
+
+impl FromStr for DmemMode {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            other => Err(format!("--dmem-backend is auto, on or off, not {other:?}")),
+        }
+    }
+}
+
 impl Cli {
+    /// The pod-resources socket, unless turned off.
+    pub fn pod_resources(&self) -> Option<PathBuf> {
+        (self.pod_resources_socket != "none").then(|| PathBuf::from(&self.pod_resources_socket))
+    }
+
     /// Full path of the plugin's socket.
     pub fn socket_path(&self) -> PathBuf {
         self.kubelet_dir.join(&self.socket_name)
@@ -146,5 +187,18 @@ mod tests {
         assert_eq!(cli.kubelet_socket(), PathBuf::from("/tmp/k/kubelet.sock"));
         let err = Cli::try_parse_from(["x", "--allocator-policy", "random"]).unwrap_err();
         assert!(err.to_string().contains("random"), "{err}");
+        let cli = Cli::parse_from([
+            "x",
+            "--dmem-backend",
+            "on",
+            "--pod-resources-socket",
+            "none",
+        ]);
+        assert_eq!(
+            (cli.dmem_backend, cli.pod_resources()),
+            (DmemMode::On, None)
+        );
+        let err = Cli::try_parse_from(["x", "--dmem-backend", "yes"]).unwrap_err();
+        assert!(err.to_string().contains("\"yes\""), "{err}");
     }
 }

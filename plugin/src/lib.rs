@@ -16,6 +16,7 @@ pub mod hami;
 pub mod kube;
 pub mod kubelet;
 pub mod node_register;
+pub mod vram;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -79,6 +80,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
     let (stop, stopped) = watch::channel(false);
     let mut allocator = None;
     let mut hint: Option<std::sync::Arc<dyn kubelet::AllocationHint>> = None;
+    let owners = std::sync::Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
     let registrar = client.map(|client| {
         let caches = kube::Caches::start(&client, &cli.node_name);
         let config = allocate::AllocateConfig {
@@ -91,6 +93,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
             caches.clone(),
             snapshots.clone(),
             config,
+            owners.clone(),
         )));
         hint = Some(std::sync::Arc::new(allocate::HamiHint {
             caches: caches.clone(),
@@ -118,6 +121,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         kube: cli.kube.clone(),
         allocator,
         hint,
+        vram: None,
     };
     kubelet::run(config, devices, shutdown_signal()?).await?;
     stop.send_replace(true);

@@ -38,6 +38,7 @@ use crate::{
         parse_cu_allocated, parse_pod_devices, pop_next,
     },
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
+    vram::{Owners, owners::PodRef},
 };
 
 /// Where the host's device nodes and the memory hook are.
@@ -62,6 +63,8 @@ pub struct Allocator {
     events: Events,
     /// (pod uid, annotation value) of forged claims already reported.
     reported: std::sync::Mutex<HashSet<(String, String)>>,
+    /// Which pod each container's devices went to, for PreStartContainer.
+    owners: Arc<Owners>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -78,8 +81,10 @@ impl Allocator {
         caches: Caches,
         snapshots: watch::Receiver<Snapshot>,
         config: AllocateConfig,
+        owners: Arc<Owners>,
     ) -> Self {
         Self {
+            owners,
             events: Events::new(client.clone(), &caches.node_name),
             reported: std::sync::Mutex::new(HashSet::new()),
             client,
@@ -109,6 +114,13 @@ impl Allocator {
         match self.allocate_for(&pod, &pods, ids.len()).await {
             Ok(answer) => {
                 info!(pod = %who, devices = ids.len(), "allocated");
+                let owner = PodRef {
+                    namespace: pod.namespace().unwrap_or_default(),
+                    name: pod.name_any(),
+                    uid: pod.uid().unwrap_or_default(),
+                };
+                let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+                self.owners.remember(ids, owner, |uid| live.contains(uid));
                 Ok(answer)
             }
             Err(err) => {

@@ -40,6 +40,15 @@ pub struct KubeletConfig {
     pub allocator: Option<Arc<crate::allocate::Allocator>>,
     /// HAMi's choice for GetPreferredAllocation; `None` without the API.
     pub hint: Option<Arc<dyn AllocationHint>>,
+    /// VRAM caps at PreStartContainer; `None` without the API.
+    pub vram: Option<Arc<crate::vram::VramCaps>>,
+}
+
+impl KubeletConfig {
+    /// Whether kubelet must call PreStartContainer now.
+    pub fn pre_start_required(&self) -> bool {
+        self.vram.as_ref().is_some_and(|v| v.pre_start_required())
+    }
 }
 
 /// Why the server stopped serving.
@@ -117,6 +126,7 @@ async fn serve_once(
         stream_closed: stream_closed.clone(),
         hint: config.hint.clone(),
         allocator: config.allocator.clone(),
+        vram: config.vram.clone(),
         stopping: stopping_rx,
     };
     let (stop, stopped) = oneshot::channel::<()>();
@@ -157,10 +167,12 @@ async fn serve_until_restart(
 ) -> &'static str {
     let ours = identity(&config.socket);
     let kubelet = identity(&config.kubelet_socket);
+    let pre_start = config.pre_start_required();
     let registered = registration::register(
         &config.kubelet_socket,
         endpoint,
         &config.resource_name,
+        pre_start,
         || identity(&config.socket) == ours,
     );
     if !registered.await {
@@ -176,6 +188,9 @@ async fn serve_until_restart(
                 }
                 if identity(&config.kubelet_socket) != kubelet {
                     return "kubelet.sock was re-created";
+                }
+                if config.pre_start_required() != pre_start {
+                    return "amd-gpud's VRAM cap backend changed, so does PreStartContainer";
                 }
             }
         }

@@ -33,6 +33,7 @@ pub async fn register_once(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,
+    pre_start: bool,
 ) -> Result<(), RegisterError> {
     let channel = proto::unix::channel(kubelet_socket)
         .await
@@ -44,7 +45,7 @@ pub async fn register_once(
         version: proto::VERSION.to_owned(),
         endpoint: endpoint.to_owned(),
         resource_name: resource_name.to_owned(),
-        options: Some(options()),
+        options: Some(options(pre_start)),
     };
     RegistrationClient::new(channel).register(request).await?;
     Ok(())
@@ -57,6 +58,7 @@ pub async fn register(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,
+    pre_start: bool,
     still_valid: impl Fn() -> bool,
 ) -> bool {
     let mut backoff = FIRST_BACKOFF;
@@ -65,9 +67,12 @@ pub async fn register(
         if !still_valid() {
             return false;
         }
-        match register_once(kubelet_socket, endpoint, resource_name).await {
+        match register_once(kubelet_socket, endpoint, resource_name, pre_start).await {
             Ok(()) => {
-                info!(attempt, resource_name, endpoint, "registered with kubelet");
+                info!(
+                    attempt,
+                    resource_name, endpoint, pre_start, "registered with kubelet"
+                );
                 return true;
             }
             Err(err) => {

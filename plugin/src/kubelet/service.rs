@@ -41,15 +41,18 @@ pub struct PluginService {
     pub hint: Option<Arc<dyn AllocationHint>>,
     /// HAMi's Allocate, when the Kubernetes API is available.
     pub allocator: Option<Arc<crate::allocate::Allocator>>,
+    /// VRAM caps at PreStartContainer, when the Kubernetes API is available.
+    pub vram: Option<Arc<crate::vram::VramCaps>>,
     /// Turns true when this server stops: open streams end so that the
     /// server's graceful shutdown does not wait on kubelet.
     pub stopping: watch::Receiver<bool>,
 }
 
-/// The options, the same in Register and GetDevicePluginOptions.
-pub fn options() -> DevicePluginOptions {
+/// The options, the same in Register and GetDevicePluginOptions;
+/// PreStartContainer only when VRAM caps need it.
+pub fn options(pre_start_required: bool) -> DevicePluginOptions {
     DevicePluginOptions {
-        pre_start_required: false,
+        pre_start_required,
         get_preferred_allocation_available: true,
     }
 }
@@ -84,7 +87,8 @@ impl DevicePlugin for PluginService {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<DevicePluginOptions>, Status> {
-        Ok(Response::new(options()))
+        let pre_start = self.vram.as_ref().is_some_and(|v| v.pre_start_required());
+        Ok(Response::new(options(pre_start)))
     }
 
     async fn list_and_watch(
@@ -178,8 +182,16 @@ impl DevicePlugin for PluginService {
 
     async fn pre_start_container(
         &self,
-        _: Request<PreStartContainerRequest>,
+        request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
+        let ids = request.into_inner().devices_ids;
+        if let Some(vram) = &self.vram {
+            let span = info_span!("pre_start", devices = ?ids);
+            vram.pre_start(&ids)
+                .instrument(span)
+                .await
+                .map_err(Status::failed_precondition)?;
+        }
         Ok(Response::new(PreStartContainerResponse {}))
     }
 }
@@ -227,6 +239,7 @@ mod tests {
             stream_closed: Arc::new(Notify::new()),
             hint,
             allocator: None,
+            vram: None,
             stopping: watch::channel(false).1,
         }
     }

@@ -25,6 +25,7 @@
 //! older registrations stay open (kubelet does not close them either) but are ignored.
 
 mod dial;
+pub mod pod_resources;
 mod register;
 mod state;
 #[cfg(test)]

@@ -1,0 +1,197 @@
+//! Hard VRAM caps at PreStartContainer (dmem-cgroups §3.5): the pod cgroup
+//! exists then (it does not at Allocate), so this is where the plugin asks
+//! amd-gpud to write the pod's `dmem.max`, one region per GPU, holding the
+//! pod's total VRAM on that GPU as HAMi accounts it (the sum over its
+//! containers of `hami.io/amd-devices-allocated`).
+//!
+//! PreStartContainer carries only device ids; the pod is the one Allocate
+//! gave them to (kept in [`owners::Owners`]), or after a restart the one
+//! kubelet's pod-resources API names for them. With `--dmem-backend on` a
+//! cap that cannot be applied fails the container start; with `auto` it is
+//! logged and reported as a Warning Event on the pod, and the container starts
+//! with the cooperative limit only.
+
+pub mod owners;
+
+use std::{collections::BTreeMap, fmt, future::Future, pin::Pin, sync::Arc};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+pub use owners::Owners;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::{
+    config::DmemMode,
+    devices::gpu_id,
+    gpud_client::Snapshot,
+    hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    kube::{Caches, Events, Regarding},
+};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Why a cap was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CapError {
+    #[error("no pod is known for devices {ids:?}: {why}")]
+    NoPod { ids: Vec<String>, why: String },
+    #[error("pod {pod}: {why}")]
+    BadPod { pod: String, why: String },
+    #[error("amd-gpud refused the VRAM cap of pod {pod}: {why}")]
+    Refused { pod: String, why: String },
+}
+
+/// Sets a pod's VRAM limits (amd-gpud's `SetPodVramLimits`).
+pub trait CapSink: Send + Sync + fmt::Debug {
+    /// Whether amd-gpud reports its dmem backend on.
+    fn backend_on(&self) -> bool;
+
+    /// Sets `limits` (PCI address -> bytes) on pod `uid`.
+    fn set(
+        &self,
+        uid: String,
+        limits: BTreeMap<String, u64>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+}
+
+/// The PreStartContainer side of VRAM caps.
+#[derive(Clone)]
+pub struct VramCaps {
+    pub mode: DmemMode,
+    pub sink: Arc<dyn CapSink>,
+    pub owners: Arc<Owners>,
+    pub caches: Caches,
+    pub snapshots: watch::Receiver<Snapshot>,
+    pub events: Option<Events>,
+}
+
+impl fmt::Debug for VramCaps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VramCaps")
+            .field("mode", &self.mode)
+            .field("sink", &self.sink)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VramCaps {
+    /// Whether kubelet must call PreStartContainer: `on`, or `auto` with
+    /// amd-gpud's backend on.
+    pub fn pre_start_required(&self) -> bool {
+        match self.mode {
+            DmemMode::Off => false,
+            DmemMode::On => true,
+            DmemMode::Auto => self.sink.backend_on(),
+        }
+    }
+
+    /// Applies the cap of the pod owning `ids`.
+    ///
+    /// # Errors
+    /// Only with `--dmem-backend on`: the reason, for kubelet.
+    pub async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
+        if !self.pre_start_required() {
+            return Ok(());
+        }
+        let Err(err) = self.apply(ids).await else {
+            return Ok(());
+        };
+        if self.mode == DmemMode::On {
+            warn!("PreStartContainer refused: {err}");
+            return Err(format!("{err} (--dmem-backend on makes this fatal)"));
+        }
+        warn!("VRAM cap not applied, the container starts without it: {err}");
+        if let (Some(events), Some(pod)) = (&self.events, self.owners.get(ids)) {
+            let regarding = Regarding::Pod {
+                namespace: pod.namespace,
+                name: pod.name,
+                uid: pod.uid,
+            };
+            events.warning(
+                &regarding,
+                "VramCapNotApplied",
+                "PreStartContainer",
+                err.to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    async fn apply(&self, ids: &[String]) -> Result<(), CapError> {
+        let owner = match self.owners.get(ids) {
+            Some(owner) => owner,
+            None => self.owners.recover(ids, &self.caches).await?,
+        };
+        let who = format!("{}/{}", owner.namespace, owner.name);
+        let pod = self
+            .caches
+            .pods
+            .state()
+            .into_iter()
+            .find(|p| {
+                p.namespace().as_deref() == Some(&owner.namespace) && p.name_any() == owner.name
+            })
+            .ok_or_else(|| CapError::BadPod {
+                pod: who.clone(),
+                why: "not in the watch cache of this node's pods".to_owned(),
+            })?;
+        let limits =
+            pod_limits(&pod, &self.snapshots.borrow()).map_err(|why| CapError::BadPod {
+                pod: who.clone(),
+                why,
+            })?;
+        if limits.is_empty() {
+            return Ok(());
+        }
+        let uid = pod.uid().unwrap_or_default();
+        self.sink
+            .set(uid, limits.clone())
+            .await
+            .map_err(|why| CapError::Refused {
+                pod: who.clone(),
+                why,
+            })?;
+        info!(pod = %who, ?limits, "VRAM cap set");
+        Ok(())
+    }
+}
+
+/// The pod's VRAM per GPU PCI address, in bytes: the sum over its containers
+/// of HAMi's grants (MiB) on that GPU.
+///
+/// # Errors
+/// When the annotation is missing or malformed, names a GPU this node does
+/// not have, or the sum overflows.
+pub fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64>, String> {
+    let value = pod
+        .annotations()
+        .get(ALLOCATED_KEY)
+        .ok_or_else(|| format!("no {ALLOCATED_KEY} annotation"))?;
+    let containers =
+        parse_pod_devices(DevicesAnnotation::Allocated, value).map_err(|e| e.to_string())?;
+    let mut limits = BTreeMap::new();
+    for device in containers.iter().flatten() {
+        let gpu = snapshot
+            .gpus
+            .iter()
+            .find(|g| gpu_id(g) == device.uuid)
+            .ok_or_else(|| {
+                format!(
+                    "{ALLOCATED_KEY} names GPU {:?}, not on this node",
+                    device.uuid
+                )
+            })?;
+        let bytes = u64::from(device.usedmem)
+            .checked_mul(MIB)
+            .ok_or_else(|| format!("{} MiB does not fit in bytes", device.usedmem))?;
+        let sum: &mut u64 = limits.entry(gpu.bdf.clone()).or_default();
+        *sum = sum
+            .checked_add(bytes)
+            .ok_or_else(|| format!("the VRAM sum on {} overflows", gpu.bdf))?;
+    }
+    Ok(limits)
+}
+
+#[cfg(test)]
+mod tests;

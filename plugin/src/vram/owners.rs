@@ -1,0 +1,192 @@
+//! Which pod a set of kubelet device ids belongs to. Kubelet's
+//! PreStartContainer names only device ids: Allocate records the pod it gave
+//! them to; after a plugin restart the record is rebuilt from kubelet's
+//! pod-resources API (which names the pod but not its UID; the UID comes from
+//! the watch cache).
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::PathBuf,
+    sync::{Mutex, PoisonError},
+};
+
+use kube::ResourceExt;
+use proto::podresources::v1::{
+    ListPodResourcesRequest, ListPodResourcesResponse,
+    pod_resources_lister_client::PodResourcesListerClient,
+};
+use tracing::info;
+
+use super::CapError;
+use crate::kube::{CALL_TIMEOUT, Caches};
+
+/// A pod, as Events and amd-gpud need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// Device ids -> the pod they were allocated to.
+#[derive(Debug)]
+pub struct Owners {
+    by_ids: Mutex<HashMap<BTreeSet<String>, PodRef>>,
+    /// Kubelet's pod-resources socket; `None` disables recovery.
+    pod_resources: Option<PathBuf>,
+    resource_name: String,
+}
+
+impl Owners {
+    pub fn new(pod_resources: Option<PathBuf>, resource_name: &str) -> Self {
+        Self {
+            by_ids: Mutex::new(HashMap::new()),
+            pod_resources,
+            resource_name: resource_name.to_owned(),
+        }
+    }
+
+    /// Records that `ids` went to `pod`; entries of pods for which `live`
+    /// says no are dropped.
+    pub fn remember(&self, ids: &[String], pod: PodRef, live: impl Fn(&str) -> bool) {
+        let mut map = self.by_ids.lock().unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, p| live(&p.uid));
+        map.insert(ids.iter().cloned().collect(), pod);
+    }
+
+    /// The recorded owner of exactly `ids`.
+    pub fn get(&self, ids: &[String]) -> Option<PodRef> {
+        let key: BTreeSet<String> = ids.iter().cloned().collect();
+        let map = self.by_ids.lock().unwrap_or_else(PoisonError::into_inner);
+        map.get(&key).cloned()
+    }
+
+    /// Asks kubelet's pod-resources API which pod's container holds `ids`,
+    /// and records the answer.
+    ///
+    /// # Errors
+    /// When the API is off or unreachable, or names no such pod.
+    pub async fn recover(&self, ids: &[String], caches: &Caches) -> Result<PodRef, CapError> {
+        let fail = |why: String| CapError::NoPod {
+            ids: ids.to_vec(),
+            why,
+        };
+        let Some(path) = &self.pod_resources else {
+            return Err(fail(
+                "not allocated by this process, and --pod-resources-socket is off".to_owned(),
+            ));
+        };
+        let list = list_pod_resources(path)
+            .await
+            .map_err(|why| fail(format!("{}: {why}", path.display())))?;
+        let (namespace, name) = owner_in(&list, &self.resource_name, ids).ok_or_else(|| {
+            fail(format!(
+                "kubelet's pod-resources API ({}) lists no container holding them",
+                path.display()
+            ))
+        })?;
+        let uid = caches
+            .pods
+            .state()
+            .into_iter()
+            .find(|p| p.namespace().as_deref() == Some(&namespace) && p.name_any() == name)
+            .and_then(|p| p.uid())
+            .ok_or_else(|| fail(format!("{namespace}/{name} is not in the watch cache")))?;
+        let pod = PodRef {
+            namespace,
+            name,
+            uid,
+        };
+        info!(pod = %format!("{}/{}", pod.namespace, pod.name), "owner of {ids:?} recovered from pod-resources");
+        self.remember(ids, pod.clone(), |_| true);
+        Ok(pod)
+    }
+}
+
+async fn list_pod_resources(path: &std::path::Path) -> Result<ListPodResourcesResponse, String> {
+    let call = async {
+        let channel = proto::unix::channel(path)
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        PodResourcesListerClient::new(channel)
+            .list(ListPodResourcesRequest {})
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| format!("List failed: {}", s.message()))
+    };
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .map_err(|_| format!("no answer within {CALL_TIMEOUT:?}"))?
+}
+
+/// The pod with a container whose `resource` devices include every id.
+pub fn owner_in(
+    list: &ListPodResourcesResponse,
+    resource: &str,
+    ids: &[String],
+) -> Option<(String, String)> {
+    list.pod_resources.iter().find_map(|pod| {
+        let holds = pod.containers.iter().any(|c| {
+            c.devices.iter().any(|d| {
+                d.resource_name == resource && ids.iter().all(|id| d.device_ids.contains(id))
+            })
+        });
+        holds.then(|| (pod.namespace.clone(), pod.name.clone()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::podresources::v1::{ContainerDevices, ContainerResources, PodResources};
+
+    use super::*;
+
+    fn pod(ns: &str, name: &str, resource: &str, ids: &[&str]) -> PodResources {
+        PodResources {
+            name: name.into(),
+            namespace: ns.into(),
+            containers: vec![ContainerResources {
+                name: "c".into(),
+                devices: vec![ContainerDevices {
+                    resource_name: resource.into(),
+                    device_ids: ids.iter().map(ToString::to_string).collect(),
+                    topology: None,
+                }],
+                ..ContainerResources::default()
+            }],
+            ..PodResources::default()
+        }
+    }
+
+    #[test]
+    fn the_owner_is_the_pod_whose_container_holds_every_id() {
+        let list = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("a", "other-resource", "example.com/gpu", &["G#0"]),
+                pod("a", "one", "amd.com/gpu", &["G#1"]),
+                pod("b", "two", "amd.com/gpu", &["G#0", "H#0"]),
+            ],
+        };
+        let ids = |v: &[&str]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            owner_in(&list, "amd.com/gpu", &ids(&["G#0", "H#0"])),
+            Some(("b".into(), "two".into()))
+        );
+        assert_eq!(owner_in(&list, "amd.com/gpu", &ids(&["G#9"])), None);
+    }
+
+    #[test]
+    fn records_are_by_id_set_and_pruned_by_liveness() {
+        let owners = Owners::new(None, "amd.com/gpu");
+        let p = |uid: &str| PodRef {
+            namespace: "n".into(),
+            name: uid.into(),
+            uid: uid.into(),
+        };
+        owners.remember(&["B".into(), "A".into()], p("u1"), |_| true);
+        assert_eq!(owners.get(&["A".into(), "B".into()]), Some(p("u1")));
+        owners.remember(&["C".into()], p("u2"), |uid| uid != "u1");
+        assert_eq!(owners.get(&["A".into(), "B".into()]), None);
+        assert_eq!(owners.get(&["C".into()]), Some(p("u2")));
+    }
+}

@@ -1,0 +1,208 @@
+use std::{sync::Mutex, time::Duration};
+
+use ipc::types::GpuInfo;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::{reflector, watcher};
+use serde_json::json;
+
+use super::*;
+
+fn gpu(bdf: &str, uuid: &str) -> GpuInfo {
+    GpuInfo {
+        bdf: bdf.into(),
+        rocr_uuid: uuid.into(),
+        unique_id: "1".into(),
+        gfx: "gfx942".into(),
+        compute_units: 304,
+        cus_per_wgp: 1,
+        vram_bytes: 192 << 30,
+        numa_node: 0,
+        market_name: "AMD Instinct MI300X".into(),
+        amdsmi_uuid: String::new(),
+        vendor_id: 0x1002,
+        device_id: 0x74a1,
+        compute_partition: String::new(),
+        memory_partition: String::new(),
+        available_compute_partitions: vec![],
+        health: "Healthy".into(),
+        partitions: vec![],
+        links: vec![],
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        gpus: vec![gpu("0000:05:00.0", "GPU-A"), gpu("0000:15:00.0", "GPU-B")],
+        partitions: BTreeMap::new(),
+        connected: true,
+    }
+}
+
+fn pod(allocated: &str) -> Pod {
+    serde_json::from_value(json!({"metadata": {
+        "name": "p", "namespace": "ns", "uid": "0b4c6c1e-5d0e-4d3c-9a43-4b0c2f4e0a01",
+        "annotations": {ALLOCATED_KEY: allocated}}}))
+    .unwrap()
+}
+
+#[test]
+fn the_limit_is_the_pods_sum_per_gpu() {
+    let two = pod("GPU-A,T,4096,76:;GPU-A,T,2048,38:GPU-B,T,1024,10:;");
+    let limits = pod_limits(&two, &snapshot()).unwrap();
+    assert_eq!(
+        limits,
+        BTreeMap::from([
+            ("0000:05:00.0".to_owned(), 6144 * MIB),
+            ("0000:15:00.0".to_owned(), 1024 * MIB),
+        ])
+    );
+    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), &snapshot()).unwrap_err();
+    assert!(err.contains("GPU-Z"), "{err}");
+    let none: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
+    assert!(
+        pod_limits(&none, &snapshot())
+            .unwrap_err()
+            .contains(ALLOCATED_KEY)
+    );
+}
+
+/// amd-gpud as the plugin sees it: backend state, and what it was asked.
+#[derive(Debug)]
+struct FakeSink {
+    on: bool,
+    refuse: Option<String>,
+    calls: Mutex<Vec<(String, BTreeMap<String, u64>)>>,
+}
+
+impl CapSink for FakeSink {
+    fn backend_on(&self) -> bool {
+        self.on
+    }
+
+    fn set(
+        &self,
+        uid: String,
+        limits: BTreeMap<String, u64>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+        self.calls.lock().unwrap().push((uid, limits));
+        let answer = self.refuse.clone().map_or(Ok(()), Err);
+        Box::pin(async move { answer })
+    }
+}
+
+fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSink>) {
+    let (pod_reader, mut pod_writer) = reflector::store::<Pod>();
+    pod_writer.apply_watcher_event(&watcher::Event::Init);
+    for p in pods {
+        pod_writer.apply_watcher_event(&watcher::Event::InitApply(p));
+    }
+    pod_writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (node_reader, _node_writer) = reflector::store::<Node>();
+    let sink = Arc::new(sink);
+    let (_tx, snapshots) = watch::channel(snapshot());
+    let caps = VramCaps {
+        mode,
+        sink: sink.clone(),
+        owners: Arc::new(Owners::new(None, "amd.com/gpu")),
+        caches: Caches {
+            node_name: "n".into(),
+            nodes: node_reader,
+            pods: pod_reader,
+        },
+        snapshots,
+        events: None,
+    };
+    (caps, sink)
+}
+
+fn sink(on: bool, refuse: Option<&str>) -> FakeSink {
+    FakeSink {
+        on,
+        refuse: refuse.map(str::to_owned),
+        calls: Mutex::new(Vec::new()),
+    }
+}
+
+fn remember(caps: &VramCaps, ids: &[String]) {
+    let owner = owners::PodRef {
+        namespace: "ns".into(),
+        name: "p".into(),
+        uid: "0b4c6c1e-5d0e-4d3c-9a43-4b0c2f4e0a01".into(),
+    };
+    caps.owners.remember(ids, owner, |_| true);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_pod_total_goes_to_amd_gpud_at_pre_start() {
+    let ids = vec!["GPU-A#0".to_owned()];
+    let (caps, sink) = caps(
+        DmemMode::Auto,
+        sink(true, None),
+        vec![pod("GPU-A,T,4096,76:;GPU-A,T,2048,38:;")],
+    );
+    assert!(caps.pre_start_required());
+    remember(&caps, &ids);
+    tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids))
+        .await
+        .unwrap()
+        .unwrap();
+    let calls = sink.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        [(
+            "0b4c6c1e-5d0e-4d3c-9a43-4b0c2f4e0a01".to_owned(),
+            BTreeMap::from([("0000:05:00.0".to_owned(), 6144 * MIB)])
+        )]
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn only_on_makes_a_failed_cap_fail_the_container() {
+    let ids = vec!["GPU-A#0".to_owned()];
+    let refused = Some("dmem.max of the pod refused 1 GiB: Device or resource busy");
+    let (auto, _) = caps(
+        DmemMode::Auto,
+        sink(true, refused),
+        vec![pod("GPU-A,T,1024,76:;")],
+    );
+    remember(&auto, &ids);
+    let done = tokio::time::timeout(Duration::from_secs(5), auto.pre_start(&ids)).await;
+    assert_eq!(done.unwrap(), Ok(()), "auto: logged, the container starts");
+
+    let (on, _) = caps(
+        DmemMode::On,
+        sink(true, refused),
+        vec![pod("GPU-A,T,1024,76:;")],
+    );
+    remember(&on, &ids);
+    let err = tokio::time::timeout(Duration::from_secs(5), on.pre_start(&ids))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.contains("resource busy") && err.contains("ns/p"),
+        "{err}"
+    );
+
+    // No record and no pod-resources API: the ids are named.
+    let (lost, sink) = caps(DmemMode::On, sink(true, None), vec![]);
+    let err = tokio::time::timeout(Duration::from_secs(5), lost.pre_start(&ids))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(err.contains("GPU-A#0"), "{err}");
+    assert!(sink.calls.lock().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn nothing_is_asked_when_the_backend_is_off() {
+    let ids = vec!["GPU-A#0".to_owned()];
+    for (mode, on) in [(DmemMode::Off, true), (DmemMode::Auto, false)] {
+        let (caps, sink) = caps(mode, sink(on, None), vec![pod("GPU-A,T,1024,76:;")]);
+        remember(&caps, &ids);
+        assert!(!caps.pre_start_required());
+        let done = tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids)).await;
+        assert_eq!(done.unwrap(), Ok(()));
+        assert!(sink.calls.lock().unwrap().is_empty(), "{mode:?}");
+    }
+}
