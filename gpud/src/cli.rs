@@ -9,11 +9,12 @@ use std::{
 };
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
     amdsmi::{self, AmdSmiConfig, LibrarySource},
     dbus::BusTarget,
+    dmem::{DmemConfig, Driver, Mode},
     hostpaths::HostPaths,
     inspect, inventory,
     service::{Service, ServiceConfig},
@@ -49,7 +50,8 @@ pub enum Command {
 /// Options shared by everything that reads the host.
 #[derive(Debug, clap::Args)]
 pub struct HostArgs {
-    /// Read the host under DIR (DIR/sys, DIR/dev, DIR/proc) instead of `/`.
+    /// Read the host under DIR (DIR/sys, DIR/dev, DIR/proc, DIR/var/lib/kubelet)
+    /// instead of `/`.
     #[arg(long, env = "GPUD_HOST_ROOT", value_name = "DIR")]
     pub host_root: Option<PathBuf>,
     /// AMD SMI library: `auto` (search the ROCm directories and the loader
@@ -100,6 +102,77 @@ pub struct ServeArgs {
     /// besides root.
     #[arg(long, env = "GPUD_PLUGIN_UID", default_value_t = ipc::PLUGIN_UID, value_name = "UID")]
     pub plugin_uid: u32,
+    #[command(flatten)]
+    pub dmem: DmemArgs,
+}
+
+/// Hard VRAM caps through the dmem cgroup controller.
+#[derive(Debug, clap::Args)]
+pub struct DmemArgs {
+    /// VRAM caps (SetPodVramLimits): `auto` turns them on when the node has
+    /// everything (cgroup v2, the dmem controller, amdgpu regions, kubepods)
+    /// and reports why not otherwise; `on` makes a missing part an error at
+    /// start; `off` never touches cgroups.
+    #[arg(
+        long,
+        env = "GPUD_DMEM_BACKEND",
+        value_enum,
+        default_value_t = BackendArg::Auto
+    )]
+    pub dmem_backend: BackendArg,
+    /// kubelet's cgroup driver; `auto` reads `cgroupDriver` from
+    /// /var/lib/kubelet/config.yaml, else looks for kubepods.slice (systemd)
+    /// or kubepods (cgroupfs).
+    #[arg(
+        long,
+        env = "GPUD_KUBELET_CGROUP_DRIVER",
+        value_enum,
+        default_value_t = DriverArg::Auto
+    )]
+    pub kubelet_cgroup_driver: DriverArg,
+    /// kubelet's `cgroupRoot` (`--cgroup-root`), e.g. `/kubelet`; by default
+    /// the kubelet config's, else `/`.
+    #[arg(long, env = "GPUD_KUBELET_CGROUP_ROOT", value_name = "PATH")]
+    pub kubelet_cgroup_root: Option<String>,
+    /// Accept a cgroup mount that is not cgroup2 (a plain directory tree in
+    /// tests). Never on a node.
+    #[arg(long, env = "GPUD_DMEM_ANY_FS", hide = true)]
+    pub dmem_any_fs: bool,
+}
+
+/// `--dmem-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    Auto,
+    On,
+    Off,
+}
+
+/// `--kubelet-cgroup-driver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DriverArg {
+    Auto,
+    Systemd,
+    Cgroupfs,
+}
+
+impl DmemArgs {
+    pub fn config(&self) -> DmemConfig {
+        DmemConfig {
+            mode: match self.dmem_backend {
+                BackendArg::Auto => Mode::Auto,
+                BackendArg::On => Mode::On,
+                BackendArg::Off => Mode::Off,
+            },
+            driver: match self.kubelet_cgroup_driver {
+                DriverArg::Auto => None,
+                DriverArg::Systemd => Some(Driver::Systemd),
+                DriverArg::Cgroupfs => Some(Driver::Cgroupfs),
+            },
+            cgroup_root: self.kubelet_cgroup_root.clone(),
+            require_cgroup2: !self.dmem_any_fs,
+        }
+    }
 }
 
 impl HostArgs {
@@ -196,6 +269,7 @@ pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
         paths: args.host.host_paths(),
         amdsmi: args.host.amdsmi_config(helper),
         allowed_uids: vec![0, args.plugin_uid],
+        dmem: args.dmem.config(),
     };
     let bus = args
         .bus_address

@@ -1,9 +1,9 @@
 //! The one value that says where the host's file systems are.
 //!
 //! Every module that touches the host takes a [`HostPaths`] and builds its
-//! paths from it; nothing in the logic names `/sys`, `/dev`, `/proc` or the
-//! cgroup mount directly. Tests and `--host-root` point all four roots into a
-//! fake tree.
+//! paths from it; nothing in the logic names `/sys`, `/dev`, `/proc`, the
+//! cgroup mount or kubelet's directory directly. Tests and `--host-root` point
+//! every root into a fake tree.
 
 use std::path::{Path, PathBuf};
 
@@ -18,11 +18,14 @@ pub struct HostPaths {
     pub proc: PathBuf,
     /// cgroup v2 mount (`/sys/fs/cgroup`).
     pub cgroup: PathBuf,
+    /// kubelet's state directory (`/var/lib/kubelet`).
+    pub kubelet: PathBuf,
 }
 
 impl HostPaths {
     /// All roots under `root`: `root/sys`, `root/dev`, `root/proc`,
-    /// `root/sys/fs/cgroup`. `HostPaths::under("/")` is the real host.
+    /// `root/sys/fs/cgroup`, `root/var/lib/kubelet`. `HostPaths::under("/")`
+    /// is the real host.
     pub fn under(root: impl AsRef<Path>) -> Self {
         let root = root.as_ref();
         let sys = root.join("sys");
@@ -30,6 +33,7 @@ impl HostPaths {
             cgroup: sys.join("fs").join("cgroup"),
             dev: root.join("dev"),
             proc: root.join("proc"),
+            kubelet: root.join("var/lib/kubelet"),
             sys,
         }
     }
@@ -47,6 +51,12 @@ impl HostPaths {
     /// DRM class directory: `<sys>/class/drm`.
     pub fn drm_class(&self) -> PathBuf {
         self.sys.join("class/drm")
+    }
+
+    /// The kubelet's config file: `<kubelet>/config.yaml` (where kubeadm
+    /// puts it).
+    pub fn kubelet_config(&self) -> PathBuf {
+        self.kubelet.join("config.yaml")
     }
 
     /// A device node under `<dev>`, e.g. `dri/renderD128` or `kfd`.
@@ -72,6 +82,10 @@ mod tests {
         assert_eq!(p.dev, Path::new("/tmp/node/dev"));
         assert_eq!(p.proc, Path::new("/tmp/node/proc"));
         assert_eq!(p.cgroup, Path::new("/tmp/node/sys/fs/cgroup"));
+        assert_eq!(
+            p.kubelet_config(),
+            Path::new("/tmp/node/var/lib/kubelet/config.yaml")
+        );
         assert_eq!(
             p.kfd_topology(),
             Path::new("/tmp/node/sys/class/kfd/kfd/topology")

@@ -6,6 +6,7 @@
 pub mod amdsmi;
 pub mod cli;
 pub mod dbus;
+pub mod dmem;
 pub mod drm;
 pub mod gfx;
 pub mod hostpaths;

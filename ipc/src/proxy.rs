@@ -21,6 +21,22 @@ pub trait Node {
     /// Reads the inventory again now; returns the inventory generation after it.
     fn rescan(&self) -> Result<u64, ApiError>;
 
+    /// Caps the VRAM of pod `pod_uid` (a lowercase UUID, or 32 hex digits for
+    /// a static pod): for each GPU PCI address (`dddd:bb:dd.f`) in `limits`,
+    /// the byte count goes to `dmem.max` of the pod's cgroup and is read
+    /// back. Call it at PreStartContainer (the pod cgroup exists then; it does
+    /// not at Allocate). Idempotent. Returns the pod's cgroup path.
+    ///
+    /// Errors: `InvalidArgument` (UID, unknown GPU, more than the GPU's VRAM
+    /// region), `NotFound` (no cgroup for the pod), `NotSupported` (the dmem
+    /// backend is off; the message says why), `Failed` (the kernel refused or
+    /// did not apply the limit), `AccessDenied`.
+    fn set_pod_vram_limits(
+        &self,
+        pod_uid: &str,
+        limits: std::collections::HashMap<&str, u64>,
+    ) -> Result<String, ApiError>;
+
     /// Emitted after every change of the inventory: the new generation and the
     /// GPU and partition objects added, removed (gone from the host but kept
     /// with health `Missing`) and changed.
@@ -48,6 +64,18 @@ pub trait Node {
     /// Problems found at the last read, each naming its file or device.
     #[zbus(property)]
     fn warnings(&self) -> zbus::Result<Vec<String>>;
+    /// VRAM caps: `on`, or `off: <reason>`.
+    #[zbus(property)]
+    fn dmem_backend(&self) -> zbus::Result<String>;
+    /// GPUs that can be capped: PCI address to the bytes of its VRAM region.
+    #[zbus(property)]
+    fn dmem_regions(&self) -> zbus::Result<std::collections::HashMap<String, u64>>;
+    /// kubelet's cgroup driver (`systemd`, `cgroupfs`), empty when unknown.
+    #[zbus(property)]
+    fn dmem_cgroup_driver(&self) -> zbus::Result<String>;
+    /// The kubepods cgroup (`/kubepods.slice`...), empty when unknown.
+    #[zbus(property)]
+    fn dmem_kubepods(&self) -> zbus::Result<String>;
 }
 
 /// A GPU object: `io.hami.AmdGpu1.Gpu`.

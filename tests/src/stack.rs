@@ -54,6 +54,20 @@ impl Drop for Process {
 /// # Errors
 /// When it cannot start or does not take its name within 20 s.
 pub fn gpud(fake_node: &Path, bus: &PrivateBus, root: &Path, rescan: u64) -> io::Result<Process> {
+    gpud_with(fake_node, bus, root, rescan, &[])
+}
+
+/// As [`gpud`], with `extra` arguments after `serve` (e.g. `--dmem-any-fs`).
+///
+/// # Errors
+/// When it cannot start or does not take its name within 20 s.
+pub fn gpud_with(
+    fake_node: &Path,
+    bus: &PrivateBus,
+    root: &Path,
+    rescan: u64,
+    extra: &[&str],
+) -> io::Result<Process> {
     let child = Command::new(fake_node)
         .args([
             "gpud",
@@ -69,6 +83,7 @@ pub fn gpud(fake_node: &Path, bus: &PrivateBus, root: &Path, rescan: u64) -> io:
         .arg(root)
         .arg("--rescan-interval")
         .arg(rescan.to_string())
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()?;

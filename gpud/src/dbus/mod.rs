@@ -9,6 +9,7 @@ mod node;
 mod objects;
 mod publish;
 mod views;
+mod vram;
 
 use std::{
     sync::{Arc, Mutex},
@@ -60,6 +61,8 @@ pub enum ServeError {
     FirstRead(#[source] PublishError),
     #[error("bus error: {0}")]
     Bus(#[source] Box<zbus::Error>),
+    #[error("--dmem-backend on: {0}")]
+    Dmem(crate::dmem::DmemError),
 }
 
 impl From<zbus::Error> for ServeError {
@@ -78,6 +81,7 @@ pub async fn serve(
     bus: BusTarget,
     rescan: Option<Duration>,
 ) -> Result<(), ServeError> {
+    service.dmem().check_required().map_err(ServeError::Dmem)?;
     let shared: Shared = Arc::new(Mutex::new(service));
     let conn = connect(&bus, &shared).await?;
     publish::rescan(&conn, &shared, true)
@@ -103,8 +107,19 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
         BusTarget::System => (Builder::system(), "the system bus".to_owned()),
         BusTarget::Address(address) => (Builder::address(address.as_str()), address.clone()),
     };
+    let (dmem, allowed_uids) = {
+        let service = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (
+            service.dmem().clone(),
+            Arc::from(service.config().allowed_uids.as_slice()),
+        )
+    };
     let node = NodeObject {
         service: shared.clone(),
+        dmem,
+        allowed_uids,
     };
     let built = async {
         builder?

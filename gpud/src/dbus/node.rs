@@ -1,6 +1,10 @@
-//! The node object: inventory-wide properties, `Rescan`, `InventoryChanged`.
+//! The node object: inventory-wide properties, `Rescan`, `InventoryChanged`,
+//! and the VRAM caps (`SetPodVramLimits`, `Dmem*` properties).
 
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use ipc::ApiError;
 use tracing::{Instrument, info_span};
@@ -11,8 +15,8 @@ use zbus::{
     zvariant::{ObjectPath, OwnedObjectPath},
 };
 
-use super::{auth, publish};
-use crate::service::Service;
+use super::{auth, publish, vram};
+use crate::{dmem::Dmem, service::Service};
 
 /// The service, shared between the node object and the rescan loop.
 pub type Shared = Arc<Mutex<Service>>;
@@ -20,6 +24,12 @@ pub type Shared = Arc<Mutex<Service>>;
 /// `io.hami.AmdGpu1.Node` on `/io/hami/AmdGpu1`.
 pub struct NodeObject {
     pub service: Shared,
+    /// The dmem backend, reached without the service lock (a rescan holds it
+    /// while AMD SMI is probed, which may take many seconds).
+    pub dmem: Arc<Dmem>,
+    /// UIDs allowed to call methods, copied from the configuration for the
+    /// same reason.
+    pub allowed_uids: Arc<[u32]>,
 }
 
 impl NodeObject {
@@ -56,6 +66,46 @@ impl NodeObject {
             publish::rescan(conn, &self.service, true)
                 .await
                 .map_err(|e| ApiError::Failed(format!("{e:#}")))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Caps the VRAM of a pod through the dmem cgroup controller: for each
+    /// GPU (PCI address `dddd:bb:dd.f`) in `limits`, writes the byte count to
+    /// `dmem.max` of the pod's cgroup (any QoS class) and reads it back.
+    /// `pod_uid` is the pod's UID (a lowercase UUID, or 32 hex digits for a
+    /// static pod). Idempotent. Returns the pod's cgroup path. Errors:
+    /// InvalidArgument (UID, unknown GPU, value above the VRAM region, a
+    /// symlink in the cgroup tree), NotFound (no pod cgroup), NotSupported
+    /// (backend off, with the reason), Failed (the kernel refused or did not
+    /// apply a write), AccessDenied (not root or the plugin).
+    #[zbus(out_args("cgroup"))]
+    async fn set_pod_vram_limits(
+        &self,
+        pod_uid: String,
+        limits: HashMap<String, u64>,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        #[zbus(signal_emitter)] emitter: SignalEmitter<'_>,
+    ) -> Result<String, ApiError> {
+        let uid = auth::caller_uid(conn, &header).await;
+        let span = info_span!(
+            "dbus",
+            method = "SetPodVramLimits",
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+            pod = %crate::dmem::uid::excerpt(&pod_uid),
+            gpus = limits.len(),
+        );
+        async {
+            auth::check(uid?, &self.allowed_uids, "SetPodVramLimits")
+                .inspect_err(|e| tracing::warn!("{e}"))?;
+            let before = self.dmem.status();
+            let result = vram::set_pod_limits(self.dmem.clone(), pod_uid, limits).await;
+            if self.dmem.status() != before {
+                self.announce_dmem(&emitter).await;
+            }
+            result
         }
         .instrument(span)
         .await
@@ -104,5 +154,47 @@ impl NodeObject {
     #[zbus(property)]
     fn warnings(&self) -> Vec<String> {
         self.with(|s| s.meta().warnings.clone())
+    }
+
+    /// VRAM caps: `on`, or `off: <reason>` (no cgroup v2, no dmem
+    /// controller, no amdgpu region, no kubepods cgroup, `--dmem-backend off`...).
+    #[zbus(property)]
+    fn dmem_backend(&self) -> String {
+        self.dmem.status().backend()
+    }
+
+    /// amdgpu VRAM regions of the root `dmem.capacity`: PCI address to bytes.
+    /// Only these GPUs can be capped.
+    #[zbus(property)]
+    fn dmem_regions(&self) -> HashMap<String, u64> {
+        vram::regions(&self.dmem.status())
+    }
+
+    /// The kubelet cgroup driver in use: `systemd`, `cgroupfs`, or empty when
+    /// unknown.
+    #[zbus(property)]
+    fn dmem_cgroup_driver(&self) -> String {
+        vram::driver(&self.dmem.status())
+    }
+
+    /// The kubepods cgroup (e.g. `/kubepods.slice`); empty when unknown.
+    #[zbus(property)]
+    fn dmem_kubepods(&self) -> String {
+        vram::kubepods(&self.dmem.status())
+    }
+}
+
+impl NodeObject {
+    /// Emits `PropertiesChanged` for the `Dmem*` properties.
+    async fn announce_dmem(&self, emitter: &SignalEmitter<'_>) {
+        let sent = async {
+            self.dmem_backend_changed(emitter).await?;
+            self.dmem_regions_changed(emitter).await?;
+            self.dmem_cgroup_driver_changed(emitter).await?;
+            self.dmem_kubepods_changed(emitter).await
+        };
+        if let Err(e) = sent.await {
+            tracing::warn!("cannot announce the dmem backend: {e}");
+        }
     }
 }

@@ -162,6 +162,7 @@ async fn announce_node(conn: &Connection, shared: &Shared, update: &Update) -> z
             ("Warnings", Value::from(meta.warnings.clone())),
         ]
         .into_iter()
+        .chain(super::vram::properties(&meta.dmem))
         .collect();
         (service.registry().generation(), props)
     };

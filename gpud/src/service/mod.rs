@@ -3,15 +3,20 @@
 //!
 //! AMD SMI is probed at start, on an explicit rescan, and whenever the KFD
 //! topology's `generation_id` moves (a partition switch, a driver reload);
-//! periodic rescans otherwise read sysfs only.
+//! periodic rescans otherwise read sysfs only. Every rescan also detects the
+//! dmem backend again (kubelet may start after the daemon; a GPU rebind
+//! re-registers its region).
 
 pub mod registry;
+
+use std::sync::Arc;
 
 pub use registry::{ObjectKey, Presence, Registry, Update};
 use tracing::info;
 
 use crate::{
     amdsmi::{AmdSmiConfig, report::AmdSmiReport},
+    dmem::{self, Dmem, DmemConfig},
     hostpaths::HostPaths,
     inventory::{self, AmdSmiSummary, Inventory},
     topology::TopologyError,
@@ -24,6 +29,8 @@ pub struct ServiceConfig {
     pub amdsmi: AmdSmiConfig,
     /// UIDs allowed to call methods (root and the plugin's).
     pub allowed_uids: Vec<u32>,
+    /// The dmem VRAM cap backend.
+    pub dmem: DmemConfig,
 }
 
 /// Inventory-wide facts of the last read.
@@ -32,6 +39,8 @@ pub struct Meta {
     pub kfd_generation: Option<u64>,
     pub amdsmi: AmdSmiSummary,
     pub warnings: Vec<String>,
+    /// The dmem backend at the last detection.
+    pub dmem: dmem::Status,
 }
 
 /// The state behind every published object.
@@ -41,16 +50,31 @@ pub struct Service {
     registry: Registry,
     meta: Meta,
     amdsmi: Option<AmdSmiReport>,
+    dmem: Arc<Dmem>,
 }
 
 impl Service {
+    /// A service with nothing read yet but the dmem backend detected
+    /// (blocking I/O).
     pub fn new(config: ServiceConfig) -> Self {
+        let dmem = Arc::new(Dmem::new(config.paths.clone(), config.dmem.clone()));
+        let meta = Meta {
+            dmem: dmem.status(),
+            ..Meta::default()
+        };
         Self {
             config,
             registry: Registry::default(),
-            meta: Meta::default(),
+            meta,
             amdsmi: None,
+            dmem,
         }
+    }
+
+    /// The dmem backend (internally synchronized; callers need not hold the
+    /// service lock to use it).
+    pub fn dmem(&self) -> &Arc<Dmem> {
+        &self.dmem
     }
 
     pub fn registry(&self) -> &Registry {
@@ -77,6 +101,8 @@ impl Service {
     /// # Errors
     /// When the KFD topology cannot be read at all; the registry is unchanged.
     pub fn rescan(&mut self, reprobe: bool) -> Result<Update, TopologyError> {
+        self.dmem.refresh();
+        self.meta.dmem = self.dmem.status();
         let first = self.meta.amdsmi.state.is_empty();
         if reprobe || first {
             self.probe();

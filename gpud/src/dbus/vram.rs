@@ -1,0 +1,125 @@
+//! The D-Bus side of VRAM caps: `SetPodVramLimits` and the `Dmem*`
+//! properties of the node, over [`crate::dmem`]. Only conversion and error
+//! mapping live here; the caller's UID is checked in [`super::node`].
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use ipc::ApiError;
+use zbus::zvariant::Value;
+
+use crate::dmem::{Dmem, DmemError, Kind, Status};
+
+/// The typed D-Bus error of a [`DmemError`], with its whole message.
+pub fn api_error(err: &DmemError) -> ApiError {
+    let text = err.to_string();
+    match err.kind() {
+        Kind::InvalidArgument => ApiError::InvalidArgument(text),
+        Kind::NotSupported => ApiError::NotSupported(text),
+        Kind::NotFound => ApiError::NotFound(text),
+        Kind::Failed => ApiError::Failed(text),
+    }
+}
+
+/// Sets the limits off the executor; returns the pod's cgroup path in the
+/// hierarchy (`/kubepods.slice/...`).
+///
+/// # Errors
+/// The mapped [`DmemError`], or `Failed` when the blocking task dies.
+pub async fn set_pod_limits(
+    dmem: Arc<Dmem>,
+    pod_uid: String,
+    limits: HashMap<String, u64>,
+) -> Result<String, ApiError> {
+    let limits: BTreeMap<String, u64> = limits.into_iter().collect();
+    // The caller's span (method, caller UID) goes with the work to the blocking thread.
+    let span = tracing::Span::current();
+    let applied = tokio::task::spawn_blocking(move || {
+        span.in_scope(|| dmem.set_pod_limits(&pod_uid, &limits))
+    })
+    .await
+    .map_err(|e| ApiError::Failed(format!("the dmem task failed: {e}")))?
+    .map_err(|e| {
+        tracing::warn!("SetPodVramLimits refused: {e}");
+        api_error(&e)
+    })?;
+    Ok(format!("/{}", applied.cgroup.display()))
+}
+
+/// `DmemRegions`: PCI address to the bytes of its VRAM region.
+pub fn regions(status: &Status) -> HashMap<String, u64> {
+    status
+        .regions
+        .iter()
+        .map(|(bdf, n)| (bdf.clone(), *n))
+        .collect()
+}
+
+/// `DmemCgroupDriver`: `systemd`, `cgroupfs`, or empty when unknown.
+pub fn driver(status: &Status) -> String {
+    status.driver.map(|d| d.to_string()).unwrap_or_default()
+}
+
+/// `DmemKubepods`: the kubepods cgroup's path in the hierarchy, or empty.
+pub fn kubepods(status: &Status) -> String {
+    status
+        .kubepods
+        .as_ref()
+        .map(|p| format!("/{}", p.display()))
+        .unwrap_or_default()
+}
+
+/// The `Dmem*` properties, for `PropertiesChanged`.
+pub fn properties(status: &Status) -> Vec<(&'static str, Value<'static>)> {
+    vec![
+        ("DmemBackend", Value::from(status.backend())),
+        ("DmemRegions", Value::from(regions(status))),
+        ("DmemCgroupDriver", Value::from(driver(status))),
+        ("DmemKubepods", Value::from(kubepods(status))),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::dmem::{DmemError, Driver, uid::PodUid};
+
+    #[test]
+    fn kinds_map_to_typed_errors() {
+        let off = DmemError::Off {
+            reason: "no kubepods".into(),
+        };
+        assert!(matches!(api_error(&off), ApiError::NotSupported(m) if m.contains("no kubepods")));
+        let uid = DmemError::from(PodUid::parse("..").unwrap_err());
+        assert!(matches!(api_error(&uid), ApiError::InvalidArgument(_)));
+        let missing = DmemError::Resolve(crate::dmem::resolve::ResolveError::NotFound {
+            uid: PodUid::parse("6f1e3a0e0c8b2d9f7a6b5c4d3e2f1a0b").unwrap(),
+            kubepods: PathBuf::from("/sys/fs/cgroup/kubepods"),
+            tried: Vec::new(),
+        });
+        assert!(matches!(api_error(&missing), ApiError::NotFound(m) if m.contains("kubepods")));
+    }
+
+    #[test]
+    fn properties_of_an_on_backend() {
+        let status = Status {
+            off: None,
+            regions: [("0000:03:00.0".to_owned(), 17)].into_iter().collect(),
+            driver: Some(Driver::Systemd),
+            kubepods: Some(PathBuf::from("kubepods.slice")),
+        };
+        assert_eq!(driver(&status), "systemd");
+        assert_eq!(kubepods(&status), "/kubepods.slice");
+        assert_eq!(regions(&status)["0000:03:00.0"], 17);
+        let off = Status {
+            off: Some("no kubepods".to_owned()),
+            ..Status::default()
+        };
+        assert_eq!(properties(&off)[0].1, Value::from("off: no kubepods"));
+        assert_eq!(properties(&off)[2].1, Value::from(""));
+    }
+}
