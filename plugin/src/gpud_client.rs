@@ -34,6 +34,15 @@ pub struct Snapshot {
     pub partitions: BTreeMap<String, Vec<PartitionInfo>>,
     /// Whether amd-gpud answered the last time we asked.
     pub connected: bool,
+    /// amd-gpud's VRAM cap backend: `on`, or `off: <reason>`.
+    pub dmem_backend: String,
+}
+
+impl Snapshot {
+    /// Whether amd-gpud can cap VRAM.
+    pub fn dmem_on(&self) -> bool {
+        self.connected && self.dmem_backend == "on"
+    }
 }
 
 /// Why a session with amd-gpud ended.
@@ -131,10 +140,14 @@ async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionE
 async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Snapshot>) {
     match read_all(conn, node).await {
         Ok((gpus, partitions)) => {
+            let dmem_backend = node.dmem_backend().await.unwrap_or_else(|err| {
+                format!("off: amd-gpud does not report its VRAM cap backend ({err})")
+            });
             let fresh = Snapshot {
                 gpus,
                 partitions,
                 connected: true,
+                dmem_backend,
             };
             tx.send_if_modified(|s| {
                 let changed = *s != fresh;
@@ -164,4 +177,47 @@ async fn read_all(conn: &Connection, node: &NodeProxy<'_>) -> Result<Inventory, 
         gpus.push(gpu);
     }
     Ok((gpus, partitions))
+}
+
+/// amd-gpud's `SetPodVramLimits`, over a fresh connection per call (a
+/// container start is rare, and amd-gpud may have restarted in between).
+#[derive(Debug, Clone)]
+pub struct GpudCaps {
+    pub bus: Bus,
+    pub snapshots: watch::Receiver<Snapshot>,
+}
+
+impl crate::vram::CapSink for GpudCaps {
+    fn backend_on(&self) -> bool {
+        self.snapshots.borrow().dmem_on()
+    }
+
+    fn set(
+        &self,
+        uid: String,
+        limits: BTreeMap<String, u64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let bus = self.bus.clone();
+        Box::pin(async move {
+            let call = async {
+                let conn = connect(&bus).await.map_err(|e| e.to_string())?;
+                let node = NodeProxy::builder(&conn)
+                    .cache_properties(CacheProperties::No)
+                    .build()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let limits: std::collections::HashMap<&str, u64> =
+                    limits.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                let cgroup = node
+                    .set_pod_vram_limits(&uid, limits)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                debug!(cgroup, "dmem.max written");
+                Ok(())
+            };
+            tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .map_err(|_| "amd-gpud did not answer SetPodVramLimits within 10 s".to_owned())?
+        })
+    }
 }

@@ -75,11 +75,12 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let snapshots = gpud_client::spawn(bus);
+    let snapshots = gpud_client::spawn(bus.clone());
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
     let mut allocator = None;
     let mut hint: Option<std::sync::Arc<dyn kubelet::AllocationHint>> = None;
+    let mut vram = None;
     let owners = std::sync::Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
     let registrar = client.map(|client| {
         let caches = kube::Caches::start(&client, &cli.node_name);
@@ -97,6 +98,17 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         )));
         hint = Some(std::sync::Arc::new(allocate::HamiHint {
             caches: caches.clone(),
+        }));
+        vram = Some(std::sync::Arc::new(vram::VramCaps {
+            mode: cli.dmem_backend,
+            sink: std::sync::Arc::new(gpud_client::GpudCaps {
+                bus: bus.clone(),
+                snapshots: snapshots.clone(),
+            }),
+            owners: owners.clone(),
+            caches: caches.clone(),
+            snapshots: snapshots.clone(),
+            events: Some(kube::Events::new(client.clone(), &cli.node_name)),
         }));
         let config = kube::RegisterConfig {
             split_count: cli.split_count,
@@ -121,7 +133,7 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         kube: cli.kube.clone(),
         allocator,
         hint,
-        vram: None,
+        vram,
     };
     kubelet::run(config, devices, shutdown_signal()?).await?;
     stop.send_replace(true);

@@ -110,6 +110,7 @@ mod tests {
             ],
             partitions: Default::default(),
             connected: true,
+            dmem_backend: "on".into(),
         };
         let value = annotation(&snapshot, 0, true).unwrap();
         let parsed = parse_register(&value).unwrap();

@@ -35,6 +35,7 @@ fn snapshot() -> Snapshot {
         gpus: vec![gpu("0000:05:00.0", "GPU-A"), gpu("0000:15:00.0", "GPU-B")],
         partitions: BTreeMap::new(),
         connected: true,
+        dmem_backend: "on".into(),
     }
 }
 

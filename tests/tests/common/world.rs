@@ -104,6 +104,11 @@ pub struct World {
 }
 
 impl World {
+    /// The fake host root amd-gpud serves.
+    pub fn root(&self) -> &std::path::Path {
+        self._keep.0.path()
+    }
+
     /// Stops the plugin and starts a new one (kubelet keeps running).
     pub async fn restart_plugin(&mut self) {
         self.plugin.kill();
@@ -125,10 +130,36 @@ pub async fn world() -> World {
 
 /// The stack on builder fixture `fixture`, once kubelet lists `devices` slots.
 pub async fn world_on(fixture: &str, devices: usize) -> World {
-    let root = super::build_fixture(fixture);
+    world_with(&Setup {
+        fixture,
+        devices,
+        gpud_args: &[],
+        plugin_args: &[],
+        prepare: &|_| {},
+    })
+    .await
+}
+
+/// What [`world_with`] varies.
+pub struct Setup<'a> {
+    pub fixture: &'a str,
+    /// Kubelet devices to wait for.
+    pub devices: usize,
+    /// Extra `amd-gpud serve` arguments.
+    pub gpud_args: &'a [&'a str],
+    /// Extra plugin arguments.
+    pub plugin_args: &'a [String],
+    /// Changes the host root before amd-gpud starts.
+    pub prepare: &'a dyn Fn(&std::path::Path),
+}
+
+/// The stack as `setup` says.
+pub async fn world_with(setup: &Setup<'_>) -> World {
+    let root = super::build_fixture(setup.fixture);
+    (setup.prepare)(root.path());
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let fake_node = super::fake_node_exe();
-    let gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
+    let gpud = stack::gpud_with(&fake_node, &bus, root.path(), 0, setup.gpud_args).unwrap();
     let api = FakeApiServer::start().unwrap();
     api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     let kubeconfig = api.kubeconfig(root.path()).display().to_string();
@@ -141,10 +172,11 @@ pub async fn world_on(fixture: &str, devices: usize) -> World {
         "--hook-path",
         "/opt/hook",
     ];
-    let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
+    let mut extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
+    extra.extend_from_slice(setup.plugin_args);
     let plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), &extra).unwrap();
     kubelet
-        .wait_devices(Duration::from_secs(20), |d| d.len() == devices)
+        .wait_devices(Duration::from_secs(20), |d| d.len() == setup.devices)
         .await
         .unwrap();
     let gpus = gpus(&api).await;
