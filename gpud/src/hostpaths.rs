@@ -48,6 +48,11 @@ impl HostPaths {
         self.sys.join("bus/pci/devices").join(bdf)
     }
 
+    /// KFD's per-process directory: `<sys>/class/kfd/kfd/proc`.
+    pub fn kfd_proc(&self) -> PathBuf {
+        self.sys.join("class/kfd/kfd/proc")
+    }
+
     /// DRM class directory: `<sys>/class/drm`.
     pub fn drm_class(&self) -> PathBuf {
         self.sys.join("class/drm")

@@ -12,6 +12,7 @@ pub mod gfx;
 pub mod hostpaths;
 pub mod inspect;
 pub mod inventory;
+pub mod partition;
 pub mod pci;
 pub mod service;
 pub mod topology;

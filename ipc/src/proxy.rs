@@ -37,6 +37,25 @@ pub trait Node {
         limits: std::collections::HashMap<&str, u64>,
     ) -> Result<String, ApiError>;
 
+    /// Switches the compute partition of the GPU at PCI address `gpu` to
+    /// `mode` (`SPX`, `DPX`, `TPX`, `QPX`, `CPX`; any case), waits until the
+    /// driver shows the new partitions, and returns the inventory generation
+    /// after it. The memory partition (NPS) is never changed. A GPU already in
+    /// `mode` is left alone.
+    ///
+    /// Errors: `Busy` (a process uses the GPU through KFD, the caller says
+    /// allocations exist, or the driver refused while in use), `NotSupported`
+    /// (the GPU does not offer `mode` in its memory mode, or has no compute
+    /// partitions), `NotFound` (no such GPU), `InvalidArgument` (a malformed
+    /// mode), `Failed` (the write failed or the partitions did not appear in
+    /// time), `AccessDenied`.
+    fn set_compute_partition(
+        &self,
+        gpu: &str,
+        mode: &str,
+        allocations_exist: bool,
+    ) -> Result<u64, ApiError>;
+
     /// Emitted after every change of the inventory: the new generation and the
     /// GPU and partition objects added, removed (gone from the host but kept
     /// with health `Missing`) and changed.

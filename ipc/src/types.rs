@@ -27,6 +27,24 @@ pub struct Link {
     pub hops: u32,
 }
 
+/// One compute-partition profile a GPU offers in its current memory mode
+/// (`(usasuu)`).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, Value, zbus::zvariant::OwnedValue,
+)]
+pub struct PartitionProfile {
+    /// Position in the GPU's menu (AMD SMI's profile index when it lists them).
+    pub index: u32,
+    /// `SPX`, `DPX`, `TPX`, `QPX` or `CPX`.
+    pub compute_partition: String,
+    /// Memory modes (`NPS1`, ...) the profile works with.
+    pub memory_partitions: Vec<String>,
+    /// Partitions the GPU shows in this mode.
+    pub partitions: u32,
+    /// XCCs in each partition.
+    pub xcc_per_partition: u32,
+}
+
 /// Every property of a GPU object, read in one `GetAll`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuInfo {
@@ -53,6 +71,8 @@ pub struct GpuInfo {
     pub health: String,
     pub partitions: Vec<OwnedObjectPath>,
     pub links: Vec<Link>,
+    /// The compute-partition profiles the GPU offers; empty when it has none.
+    pub partition_profiles: Vec<PartitionProfile>,
 }
 
 /// Every property of a partition object.
@@ -114,6 +134,7 @@ impl GpuInfo {
             ("Health", self.health.clone().into()),
             ("Partitions", self.partitions.clone().into()),
             ("Links", self.links.clone().into()),
+            ("PartitionProfiles", self.partition_profiles.clone().into()),
         ]
     }
 
@@ -141,6 +162,7 @@ impl GpuInfo {
             health: take(&mut p, "Health")?,
             partitions: take(&mut p, "Partitions")?,
             links: take(&mut p, "Links")?,
+            partition_profiles: take(&mut p, "PartitionProfiles")?,
         })
     }
 }
@@ -224,6 +246,13 @@ mod tests {
                 via: "io_link".into(),
                 weight: 15,
                 hops: 1,
+            }],
+            partition_profiles: vec![PartitionProfile {
+                index: 3,
+                compute_partition: "CPX".into(),
+                memory_partitions: vec!["NPS1".into(), "NPS4".into()],
+                partitions: 8,
+                xcc_per_partition: 1,
             }],
         };
         let mut props = owned(gpu.to_properties());

@@ -8,6 +8,7 @@ mod auth;
 mod node;
 mod objects;
 mod publish;
+mod switch;
 mod views;
 mod vram;
 

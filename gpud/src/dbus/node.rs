@@ -15,7 +15,7 @@ use zbus::{
     zvariant::{ObjectPath, OwnedObjectPath},
 };
 
-use super::{auth, publish, vram};
+use super::{auth, publish, switch, vram};
 use crate::{dmem::Dmem, service::Service};
 
 /// The service, shared between the node object and the rescan loop.
@@ -106,6 +106,41 @@ impl NodeObject {
                 self.announce_dmem(&emitter).await;
             }
             result
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Switches the compute partition of GPU `gpu` (PCI address) to `mode`
+    /// (SPX, DPX, TPX, QPX, CPX; any case) and waits until the driver shows
+    /// the new partitions; returns the inventory generation after it. The
+    /// memory partition (NPS) is never changed. Errors: Busy (a KFD process
+    /// uses the GPU, `allocations_exist`, or the driver refused), NotSupported
+    /// (mode not offered in the GPU's memory mode, or no compute partitions),
+    /// NotFound, InvalidArgument, Failed (write failed or the partitions did
+    /// not appear in time), AccessDenied (not root or the plugin).
+    #[zbus(out_args("generation"))]
+    async fn set_compute_partition(
+        &self,
+        gpu: String,
+        mode: String,
+        allocations_exist: bool,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<u64, ApiError> {
+        let uid = auth::caller_uid(conn, &header).await;
+        let span = info_span!(
+            "dbus",
+            method = "SetComputePartition",
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+            gpu = %gpu.chars().take(32).collect::<String>(),
+            mode = %mode.chars().take(8).collect::<String>(),
+            allocations_exist,
+        );
+        async {
+            auth::check(uid?, &self.allowed_uids, "SetComputePartition")
+                .inspect_err(|e| tracing::warn!("{e}"))?;
+            switch::set_compute_partition(conn, &self.service, &gpu, &mode, allocations_exist).await
         }
         .instrument(span)
         .await

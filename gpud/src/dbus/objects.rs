@@ -102,6 +102,14 @@ impl GpuObject {
     fn links(&self) -> Vec<Link> {
         self.view.links.clone()
     }
+
+    /// Compute-partition profiles the GPU offers in its memory mode: (index,
+    /// mode, memory modes, partitions, XCCs per partition); empty without
+    /// compute partitions.
+    #[zbus(property)]
+    fn partition_profiles(&self) -> Vec<ipc::types::PartitionProfile> {
+        self.view.partition_profiles.clone()
+    }
 }
 
 /// `io.hami.AmdGpu1.Partition` on `/io/hami/AmdGpu1/gpu/<bdf>/partition/<n>`.

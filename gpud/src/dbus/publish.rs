@@ -31,7 +31,7 @@ pub enum PublishError {
 
 /// A view of one object, ready to publish.
 enum View {
-    Gpu(GpuView),
+    Gpu(Box<GpuView>),
     Partition(PartitionView),
 }
 
@@ -92,14 +92,14 @@ pub async fn publish(
         let is_new = update.added.contains(&key);
         match view {
             View::Gpu(view) if is_new => {
-                server.at(&path, GpuObject { view }).await?;
+                server.at(&path, GpuObject { view: *view }).await?;
             }
             View::Partition(view) if is_new => {
                 server.at(&path, PartitionObject { view }).await?;
             }
             View::Gpu(view) => {
                 let iface = server.interface::<_, GpuObject>(&path).await?;
-                let old = std::mem::replace(&mut iface.get_mut().await.view, view.clone());
+                let old = std::mem::replace(&mut iface.get_mut().await.view, (*view).clone());
                 announce(
                     &iface,
                     GPU_INTERFACE,
@@ -206,7 +206,7 @@ fn views(shared: &Shared, update: &Update) -> Vec<(ObjectKey, View)> {
             let view = match key {
                 ObjectKey::Gpu(bdf) => {
                     let (gpu, presence) = registry.gpu(bdf)?;
-                    View::Gpu(gpu_view(gpu, presence, registry))
+                    View::Gpu(Box::new(gpu_view(gpu, presence, registry)))
                 }
                 ObjectKey::Partition(bdf, index) => {
                     let (part, presence) = registry.partition(bdf, index)?;

@@ -81,6 +81,7 @@ pub fn gpu_view(gpu: &Gpu, presence: Presence, registry: &Registry) -> GpuView {
         available_compute_partitions: gpu.available_compute_partitions.clone(),
         health: health(presence),
         links: gpu.links.iter().map(link).collect(),
+        partition_profiles: crate::partition::profiles(gpu),
         bdf,
     }
 }

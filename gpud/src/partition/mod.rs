@@ -1,0 +1,147 @@
+//! Compute partitions (amd-hardware §6, §7, §10.1, §10.3): each GPU's menu
+//! of profiles for the scheduler, and switching an idle GPU's compute
+//! partition through its sysfs file.
+//!
+//! The switch follows the spec's recommendation: the sysfs write (no ABI
+//! hazard, an unambiguous `EBUSY`), after an idleness check of our own (no
+//! KFD process holds VRAM or queues on any of the GPU's partitions, and the
+//! caller says no allocation exists). The memory partition (NPS) is node
+//! configuration and is never written. Waiting for the new partitions is the
+//! caller's (it owns the inventory): [`expected_partitions`] says how many.
+
+mod busy;
+mod profiles;
+
+use std::{io, path::PathBuf};
+
+pub use busy::{KfdUser, kfd_users};
+pub use profiles::{PartitionProfile, profiles};
+
+use crate::{HostPaths, inventory::Gpu};
+
+/// The compute partition modes, in menu order.
+pub const MODES: [&str; 5] = ["SPX", "DPX", "TPX", "QPX", "CPX"];
+
+/// Why a switch was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error("{mode:?} is not a compute partition mode (SPX, DPX, TPX, QPX, CPX)")]
+    BadMode { mode: String },
+    #[error("GPU {gpu} has no compute partitions")]
+    NotPartitionable { gpu: String },
+    #[error("GPU {gpu} does not offer {mode} in memory mode {memory} (it offers {offered})")]
+    NotOffered {
+        gpu: String,
+        mode: String,
+        memory: String,
+        offered: String,
+    },
+    #[error("GPU {gpu} is in use: {why}")]
+    Busy { gpu: String, why: String },
+    #[error("writing {mode} to {path}: {source}")]
+    Write {
+        mode: String,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The canonical (uppercase) mode for `mode`.
+///
+/// # Errors
+/// [`PartitionError::BadMode`].
+pub fn parse_mode(mode: &str) -> Result<&'static str, PartitionError> {
+    let upper = mode.trim().to_ascii_uppercase();
+    MODES
+        .into_iter()
+        .find(|m| *m == upper)
+        .ok_or_else(|| PartitionError::BadMode {
+            mode: mode.to_owned(),
+        })
+}
+
+/// Partitions a GPU with `xccs` XCCs shows in `mode`.
+pub fn expected_partitions(mode: &str, xccs: u32) -> u32 {
+    match mode {
+        "DPX" => 2,
+        "TPX" => 3,
+        "QPX" => 4,
+        "CPX" => xccs.max(1),
+        _ => 1,
+    }
+}
+
+/// What [`switch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switched {
+    /// The GPU was already in the mode; nothing written.
+    Already,
+    /// The mode was written; the driver now re-creates the partitions.
+    Written,
+}
+
+/// Switches `gpu` to `mode` (canonical) unless it is busy.
+///
+/// # Errors
+/// Not offered, busy (our check, the caller's allocations, or the kernel's
+/// `EBUSY`), or the write failed.
+pub fn switch(
+    paths: &HostPaths,
+    gpu: &Gpu,
+    mode: &str,
+    allocations_exist: bool,
+) -> Result<Switched, PartitionError> {
+    let name = gpu.bdf.to_string();
+    if gpu.available_compute_partitions.is_empty() {
+        return Err(PartitionError::NotPartitionable { gpu: name });
+    }
+    if !gpu
+        .available_compute_partitions
+        .iter()
+        .any(|m| m.eq_ignore_ascii_case(mode))
+    {
+        return Err(PartitionError::NotOffered {
+            gpu: name,
+            mode: mode.to_owned(),
+            memory: gpu.memory_partition.clone().unwrap_or_default(),
+            offered: gpu.available_compute_partitions.join(", "),
+        });
+    }
+    if gpu
+        .compute_partition
+        .as_deref()
+        .is_some_and(|m| m.eq_ignore_ascii_case(mode))
+    {
+        return Ok(Switched::Already);
+    }
+    if allocations_exist {
+        return Err(PartitionError::Busy {
+            gpu: name,
+            why: "the caller has allocations on it".to_owned(),
+        });
+    }
+    let gpu_ids: Vec<u64> = gpu.partitions.iter().filter_map(|p| p.gpu_id).collect();
+    if let Some(user) = kfd_users(paths, &gpu_ids).into_iter().next() {
+        return Err(PartitionError::Busy {
+            gpu: name,
+            why: user.to_string(),
+        });
+    }
+    let path = paths.pci_device(&name).join("current_compute_partition");
+    std::fs::write(&path, mode).map_err(|source| match source.raw_os_error() {
+        Some(code) if code == rustix::io::Errno::BUSY.raw_os_error() => PartitionError::Busy {
+            gpu: name.clone(),
+            why: format!("the driver refused the switch ({source})"),
+        },
+        _ => PartitionError::Write {
+            mode: mode.to_owned(),
+            path: path.clone(),
+            source,
+        },
+    })?;
+    Ok(Switched::Written)
+}
+
+#[cfg(test)]
+mod tests;

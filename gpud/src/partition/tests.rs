@@ -1,0 +1,178 @@
+use std::fs;
+
+use super::*;
+use crate::{
+    amdsmi::report,
+    inventory::{Partition, RestoreProps},
+    pci::PciAddress,
+};
+
+fn gpu(mode: &str, partitions: u32) -> Gpu {
+    let bdf: PciAddress = "0000:05:00.0".parse().unwrap();
+    let parts = (0..partitions)
+        .map(|i| Partition {
+            index: i,
+            kfd_node: 2 + i,
+            gpu_id: Some(1000 + u64::from(i)),
+            render_minor: Some(128 + i),
+            card_minor: Some(i),
+            bdf,
+            compute_units: 304 / partitions,
+            num_xcc: 8 / partitions,
+            vram_bytes: (192 << 30) / u64::from(partitions),
+            xcp: None,
+            restore: RestoreProps::default(),
+        })
+        .collect();
+    Gpu {
+        bdf,
+        rocr_uuid: Some("GPU-8ecb9de71e8aa497".into()),
+        unique_id: 1,
+        gfx: None,
+        compute_units: 304,
+        cus_per_wgp: 1,
+        vram_bytes: 192 << 30,
+        numa_node: Some(0),
+        market_name: Some("AMD Instinct MI300X".into()),
+        amdsmi_uuid: None,
+        compute_partition: Some(mode.into()),
+        memory_partition: Some("NPS1".into()),
+        available_compute_partitions: vec!["SPX".into(), "DPX".into(), "QPX".into(), "CPX".into()],
+        available_memory_partitions: vec!["NPS1".into(), "NPS4".into()],
+        vendor_id: 0x1002,
+        device_id: 0x74a1,
+        hive_id: 0,
+        partition_profile: None,
+        partition_profiles: vec![],
+        partitions: parts,
+        links: vec![],
+    }
+}
+
+fn host() -> (tempfile::TempDir, HostPaths) {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = HostPaths::under(dir.path());
+    fs::create_dir_all(paths.pci_device("0000:05:00.0")).unwrap();
+    fs::write(
+        paths
+            .pci_device("0000:05:00.0")
+            .join("current_compute_partition"),
+        "SPX\n",
+    )
+    .unwrap();
+    (dir, paths)
+}
+
+fn current(paths: &HostPaths) -> String {
+    fs::read_to_string(
+        paths
+            .pci_device("0000:05:00.0")
+            .join("current_compute_partition"),
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_sysfs_menu_lists_the_offered_modes_with_their_shape() {
+    let menu = profiles(&gpu("SPX", 1));
+    let shape: Vec<(u32, &str, u32, u32)> = menu
+        .iter()
+        .map(|p| {
+            (
+                p.index,
+                p.compute_partition.as_str(),
+                p.partitions,
+                p.xcc_per_partition,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (0, "SPX", 1, 8),
+            (1, "DPX", 2, 4),
+            (2, "QPX", 4, 2),
+            (3, "CPX", 8, 1)
+        ]
+    );
+    assert!(menu.iter().all(|p| p.memory_partitions == ["NPS1"]));
+    let mut rdna = gpu("SPX", 1);
+    rdna.available_compute_partitions.clear();
+    assert!(profiles(&rdna).is_empty());
+}
+
+#[test]
+fn amd_smis_menu_wins_when_the_library_lists_one() {
+    let mut g = gpu("CPX", 8);
+    g.partition_profiles = vec![report::PartitionProfile {
+        profile_type: "CPX".into(),
+        num_partitions: 8,
+        memory_caps: vec!["NPS1".into(), "NPS4".into()],
+        profile_index: 3,
+        partition_ids: vec![],
+        xcc_per_partition: Some(1),
+    }];
+    let menu = profiles(&g);
+    assert_eq!(menu.len(), 1);
+    assert_eq!(menu[0].index, 3);
+    assert_eq!(menu[0].memory_partitions, ["NPS1", "NPS4"]);
+}
+
+#[test]
+fn modes_parse_in_any_case_and_nothing_else() {
+    assert_eq!(parse_mode("cpx").unwrap(), "CPX");
+    assert_eq!(parse_mode(" Dpx ").unwrap(), "DPX");
+    assert!(matches!(
+        parse_mode("MIG"),
+        Err(PartitionError::BadMode { .. })
+    ));
+    assert_eq!(expected_partitions("CPX", 8), 8);
+    assert_eq!(expected_partitions("QPX", 8), 4);
+}
+
+#[test]
+fn an_idle_gpu_is_switched_through_sysfs() {
+    let (_dir, paths) = host();
+    assert_eq!(
+        switch(&paths, &gpu("SPX", 1), "CPX", false).unwrap(),
+        Switched::Written
+    );
+    assert_eq!(current(&paths), "CPX");
+    assert_eq!(
+        switch(&paths, &gpu("CPX", 8), "CPX", false).unwrap(),
+        Switched::Already
+    );
+}
+
+#[test]
+fn refusals_leave_the_gpu_untouched() {
+    let (_dir, paths) = host();
+    let err = switch(&paths, &gpu("SPX", 1), "TPX", false).unwrap_err();
+    assert!(matches!(err, PartitionError::NotOffered { .. }), "{err}");
+    assert!(err.to_string().contains("NPS1"), "{err}");
+    let err = switch(&paths, &gpu("SPX", 1), "CPX", true).unwrap_err();
+    assert!(matches!(err, PartitionError::Busy { .. }), "{err}");
+    // A process holding VRAM on the GPU's partition.
+    let proc = paths.kfd_proc().join("4242");
+    fs::create_dir_all(&proc).unwrap();
+    fs::write(proc.join("vram_1000"), "0\n").unwrap();
+    fs::write(proc.join("vram_77"), "4096\n").unwrap();
+    assert_eq!(
+        switch(&paths, &gpu("SPX", 1), "DPX", false).unwrap(),
+        Switched::Written,
+        "vram_1000 = 0 and another GPU's VRAM are no use"
+    );
+    fs::write(proc.join("vram_1000"), "1048576\n").unwrap();
+    let err = switch(&paths, &gpu("DPX", 1), "CPX", false).unwrap_err();
+    assert!(
+        err.to_string().contains("4242") && err.to_string().contains("1048576"),
+        "{err}"
+    );
+    assert_eq!(current(&paths), "DPX");
+    // A queue without VRAM is use too.
+    fs::write(proc.join("vram_1000"), "0\n").unwrap();
+    fs::create_dir_all(proc.join("queues/3")).unwrap();
+    fs::write(proc.join("queues/3/gpuid"), "1000\n").unwrap();
+    let err = switch(&paths, &gpu("DPX", 1), "CPX", false).unwrap_err();
+    assert!(err.to_string().contains("queue 3"), "{err}");
+}

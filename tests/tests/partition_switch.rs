@@ -1,0 +1,165 @@
+//! Compute-partition switching through amd-gpud: a fake MI300X node (SPX)
+//! whose fake driver re-creates a GPU's KFD and DRM nodes when
+//! `current_compute_partition` is written; `SetComputePartition` switches an
+//! idle GPU to CPX and back, the D-Bus objects following; a GPU used by a
+//! KFD process is refused with Busy and left untouched; a mode the GPU does
+//! not offer is NotSupported; the profile menu checked field by field.
+//! Needs root (private bus).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use ipc::{ApiError, proxy::NodeProxy, types::PartitionProfile};
+use tests::{
+    bus::{Policy, PrivateBus},
+    fixture::{self, BuildOptions, driver::FakeDriver},
+    stack,
+};
+use zbus::Connection;
+
+const GPU0: &str = "0000:05:00.0";
+const GPU1: &str = "0000:15:00.0";
+
+#[test]
+fn idle_gpus_switch_and_busy_ones_are_refused() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), switch_scenario());
+}
+
+async fn gpu(conn: &Connection, bdf: &str) -> ipc::types::GpuInfo {
+    ipc::proxy::read_gpu(conn, &ipc::gpu_path(bdf).as_ref())
+        .await
+        .unwrap()
+}
+
+/// Partitions of `bdf` that are not missing.
+async fn live_partitions(conn: &Connection, bdf: &str) -> usize {
+    let mut live = 0;
+    for path in gpu(conn, bdf).await.partitions {
+        let part = ipc::proxy::read_partition(conn, &path.as_ref())
+            .await
+            .unwrap();
+        if part.health != ipc::MISSING {
+            live += 1;
+        }
+    }
+    live
+}
+
+async fn switch_scenario() {
+    let root = fixture::scratch_dir().unwrap();
+    let spec = fixture::named("mi300x-8-spx").unwrap();
+    let opts = BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    };
+    fixture::build(&spec, root.path(), &opts).unwrap();
+    let driver = FakeDriver::start(root.path(), spec, opts);
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
+    let conn = zbus::connection::Builder::address(bus.address.as_str())
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let node = NodeProxy::new(&conn).await.unwrap();
+
+    // The menu, as the scheduler gets it.
+    let before = gpu(&conn, GPU0).await;
+    let menu: Vec<(u32, &str, u32, u32, Vec<String>)> = before
+        .partition_profiles
+        .iter()
+        .map(|p: &PartitionProfile| {
+            (
+                p.index,
+                p.compute_partition.as_str(),
+                p.partitions,
+                p.xcc_per_partition,
+                p.memory_partitions.clone(),
+            )
+        })
+        .collect();
+    let nps1 = || vec!["NPS1".to_owned()];
+    assert_eq!(
+        menu,
+        [
+            (0, "SPX", 1, 8, nps1()),
+            (1, "DPX", 2, 4, nps1()),
+            (2, "QPX", 4, 2, nps1()),
+            (3, "CPX", 8, 1, nps1())
+        ]
+    );
+
+    // An idle GPU goes to CPX: eight live partitions, the others untouched.
+    let generation = node
+        .set_compute_partition(GPU0, "cpx", false)
+        .await
+        .unwrap();
+    assert!(generation > 1, "{generation}");
+    let after = gpu(&conn, GPU0).await;
+    assert_eq!(after.compute_partition, "CPX");
+    assert_eq!(live_partitions(&conn, GPU0).await, 8);
+    assert_eq!(gpu(&conn, GPU1).await.compute_partition, "SPX");
+    assert_eq!(driver.spec().gpus[0].compute_mode().as_str(), "CPX");
+
+    refusals(&conn, &node, root.path()).await;
+
+    // And back: one live partition again.
+    node.set_compute_partition(GPU0, "SPX", false)
+        .await
+        .unwrap();
+    assert_eq!(gpu(&conn, GPU0).await.compute_partition, "SPX");
+    assert_eq!(live_partitions(&conn, GPU0).await, 1);
+    // Asking for the current mode changes nothing.
+    let generation = node.generation().await.unwrap();
+    assert_eq!(
+        node.set_compute_partition(GPU0, "SPX", false)
+            .await
+            .unwrap(),
+        generation
+    );
+}
+
+/// Refusals on GPU 1, which stays in SPX throughout.
+async fn refusals(conn: &Connection, node: &NodeProxy<'_>, root: &std::path::Path) {
+    // Not offered in NPS1 on this model: TPX.
+    let err = node
+        .set_compute_partition(GPU1, "TPX", false)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::NotSupported(_)), "{err:?}");
+    // The caller's allocations, then a KFD process holding VRAM, make it busy.
+    let err = node
+        .set_compute_partition(GPU1, "DPX", true)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::Busy(_)), "{err:?}");
+    let part = ipc::proxy::read_partition(conn, &gpu(conn, GPU1).await.partitions[0].as_ref())
+        .await
+        .unwrap();
+    let proc = root.join("sys/class/kfd/kfd/proc/4242");
+    std::fs::create_dir_all(&proc).unwrap();
+    std::fs::write(proc.join(format!("vram_{}", part.gpu_id)), "1048576\n").unwrap();
+    let err = node
+        .set_compute_partition(GPU1, "DPX", false)
+        .await
+        .unwrap_err();
+    match &err {
+        ApiError::Busy(why) => assert!(why.contains("4242"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        gpu(conn, GPU1).await.compute_partition,
+        "SPX",
+        "left untouched"
+    );
+    std::fs::remove_dir_all(&proc).unwrap();
+}
