@@ -36,9 +36,23 @@ pub struct Snapshot {
     pub connected: bool,
     /// amd-gpud's VRAM cap backend: `on`, or `off: <reason>`.
     pub dmem_backend: String,
+    /// In partition mode, each partition device's key (its own PCI address,
+    /// from KFD) to its physical GPU's; empty otherwise.
+    pub parents: BTreeMap<String, String>,
 }
 
 impl Snapshot {
+    /// The physical GPU's PCI address of device `bdf` (itself unless it is a
+    /// partition device).
+    pub fn physical_bdf<'a>(&'a self, bdf: &'a str) -> &'a str {
+        self.parents.get(bdf).map_or(bdf, String::as_str)
+    }
+
+    /// Whether device `bdf` is a compute partition allocated whole.
+    pub fn is_partition(&self, bdf: &str) -> bool {
+        self.parents.contains_key(bdf)
+    }
+
     /// Whether amd-gpud can cap VRAM.
     pub fn dmem_on(&self) -> bool {
         self.connected && self.dmem_backend == "on"
@@ -148,6 +162,7 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
                 partitions,
                 connected: true,
                 dmem_backend,
+                parents: BTreeMap::new(),
             };
             tx.send_if_modified(|s| {
                 let changed = *s != fresh;

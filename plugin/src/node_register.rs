@@ -98,6 +98,8 @@ mod tests {
             health: health.into(),
             partitions: vec![],
             links: vec![],
+            partition_profiles: vec![],
+            partition_profiles: vec![],
         }
     }
 
@@ -111,6 +113,7 @@ mod tests {
             partitions: Default::default(),
             connected: true,
             dmem_backend: "on".into(),
+            parents: BTreeMap::new(),
         };
         let value = annotation(&snapshot, 0, true).unwrap();
         let parsed = parse_register(&value).unwrap();

@@ -27,6 +27,7 @@ fn gpu(bdf: &str, uuid: &str) -> GpuInfo {
         health: "Healthy".into(),
         partitions: vec![],
         links: vec![],
+        partition_profiles: vec![],
     }
 }
 
@@ -36,6 +37,7 @@ fn snapshot() -> Snapshot {
         partitions: BTreeMap::new(),
         connected: true,
         dmem_backend: "on".into(),
+            parents: BTreeMap::new(),
     }
 }
 
