@@ -12,6 +12,7 @@ pub mod hostpaths;
 pub mod inspect;
 pub mod inventory;
 pub mod pci;
+pub mod restore_check;
 pub mod service;
 pub mod topology;
 
