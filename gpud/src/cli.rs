@@ -14,9 +14,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::{
     amdsmi::{self, AmdSmiConfig, LibrarySource},
     dbus::BusTarget,
-    dmem::{DmemConfig, Driver, Mode},
+    dmem::{self, DmemConfig, Driver},
     hostpaths::HostPaths,
     inspect, inventory,
+    restore_check::{self, Mode, Options, Request, Verdict, image},
     service::{Service, ServiceConfig},
 };
 
@@ -40,6 +41,10 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Serve the inventory on D-Bus as io.hami.AmdGpu1 (run by systemd).
     Serve(ServeArgs),
+    /// Say whether a CRIU checkpoint of a process using AMD GPUs could be
+    /// restored on this node. Exits 0 when it would be, 1 when refused, 2 on
+    /// an error.
+    RestoreCheck(RestoreCheckArgs),
     /// Load AMD SMI and print what it reports as JSON (run by amd-gpud itself
     /// in a child process, so that a library that hangs or aborts cannot take
     /// the daemon down).
@@ -160,9 +165,9 @@ impl DmemArgs {
     pub fn config(&self) -> DmemConfig {
         DmemConfig {
             mode: match self.dmem_backend {
-                BackendArg::Auto => Mode::Auto,
-                BackendArg::On => Mode::On,
-                BackendArg::Off => Mode::Off,
+                BackendArg::Auto => dmem::Mode::Auto,
+                BackendArg::On => dmem::Mode::On,
+                BackendArg::Off => dmem::Mode::Off,
             },
             driver: match self.kubelet_cgroup_driver {
                 DriverArg::Auto => None,
@@ -173,6 +178,50 @@ impl DmemArgs {
             require_cgroup2: !self.dmem_any_fs,
         }
     }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RestoreCheckArgs {
+    /// The CRIU image directory (or the unpacked kubelet checkpoint holding
+    /// it in `checkpoint/`), or one `amdgpu-kfd-<id>.img`.
+    #[arg(value_name = "IMAGE-DIR")]
+    pub image: PathBuf,
+    /// Read the host under DIR (DIR/sys) instead of `/`.
+    #[arg(long, env = "GPUD_HOST_ROOT", value_name = "DIR")]
+    pub host_root: Option<PathBuf>,
+    /// The GPUs the restored container will see: KFD gpu_ids (decimal or
+    /// 0x-hex), renderD<minor>, or PCI addresses (function 0: the whole
+    /// GPU). Default: every GPU of the node.
+    #[arg(
+        long,
+        env = "GPUD_RESTORE_GPUS",
+        value_delimiter = ',',
+        value_name = "ID,..."
+    )]
+    pub gpus: Vec<String>,
+    /// A variable of CRIU's environment at restore, e.g. KFD_FW_VER_CHECK=0,
+    /// read as CRIU reads it; repeat for more.
+    #[arg(
+        long = "env",
+        env = "GPUD_RESTORE_ENV",
+        value_delimiter = ',',
+        value_name = "KFD_X_CHECK=VALUE"
+    )]
+    pub env: Vec<String>,
+    /// `explain`: whether any mapping passes CRIU's checks, with the mapping
+    /// or what fails; `criu`: CRIU's own answer, its search order and known
+    /// hive quirk included.
+    #[arg(
+        long,
+        env = "GPUD_RESTORE_MODE",
+        default_value = "explain",
+        value_parser = |s: &str| s.parse::<Mode>(),
+        value_name = "explain|criu"
+    )]
+    pub mode: Mode,
+    /// Print the verdict as JSON.
+    #[arg(long, env = "GPUD_JSON")]
+    pub json: bool,
 }
 
 impl HostArgs {
@@ -253,6 +302,7 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
             serve(args, helper)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::RestoreCheck(args) => Ok(restore_check_command(&args, out)),
         Command::AmdsmiProbe(args) => {
             let code = amdsmi::run_probe_command(&args, out);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
@@ -282,6 +332,43 @@ pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
     runtime
         .block_on(crate::dbus::serve(Service::new(config), bus, rescan))
         .context("amd-gpud serve")
+}
+
+/// Runs `restore-check`: 0 restorable, 1 refused, 2 error (printed).
+fn restore_check_command(args: &RestoreCheckArgs, out: &mut dyn Write) -> ExitCode {
+    let written = restore_verdict(args).and_then(|verdict| {
+        if args.json {
+            verdict.write_json(out)?;
+        } else {
+            verdict.write_text(out)?;
+        }
+        Ok(verdict.restorable)
+    });
+    match written {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(err) => {
+            eprintln!("amd-gpud restore-check: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[tracing::instrument(skip_all, fields(image = %args.image.display(), mode = %args.mode))]
+fn restore_verdict(args: &RestoreCheckArgs) -> anyhow::Result<Verdict> {
+    let options = Options::from_assignments(&args.env)?;
+    let path = image::find(&args.image)?;
+    let image = image::read_file(&path)?;
+    let paths = args
+        .host_root
+        .as_ref()
+        .map_or_else(HostPaths::default, HostPaths::under);
+    let request = Request {
+        mode: args.mode,
+        gpus: args.gpus.clone(),
+        options,
+    };
+    Ok(restore_check::check_host(&paths, &image, &request)?)
 }
 
 /// Probes AMD SMI (when enabled) and reads the inventory.

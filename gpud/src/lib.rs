@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod inventory;
 pub mod partition;
 pub mod pci;
+pub mod restore_check;
 pub mod service;
 pub mod topology;
 

@@ -56,6 +56,19 @@ pub trait Node {
         allocations_exist: bool,
     ) -> Result<u64, ApiError>;
 
+    /// Whether a CRIU checkpoint could be restored here: the contents of its
+    /// `amdgpu-kfd-<id>.img`, the GPUs the restored container will see
+    /// (gpu_id, `renderD<minor>` or PCI address; empty: all), the
+    /// `KFD_*_CHECK` variables CRIU will run with, and the mode (`explain` or
+    /// `criu`). Returns the verdict as JSON.
+    fn restore_check(
+        &self,
+        image: &[u8],
+        gpus: &[&str],
+        options: std::collections::HashMap<&str, &str>,
+        mode: &str,
+    ) -> Result<String, ApiError>;
+
     /// Emitted after every change of the inventory: the new generation and the
     /// GPU and partition objects added, removed (gone from the host but kept
     /// with health `Missing`) and changed.
@@ -168,6 +181,10 @@ pub trait Partition {
     fn gpu(&self) -> zbus::Result<zbus::zvariant::OwnedObjectPath>;
     #[zbus(property)]
     fn health(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn restore_props(&self) -> zbus::Result<std::collections::HashMap<String, u64>>;
+    #[zbus(property)]
+    fn restore_links(&self) -> zbus::Result<Vec<crate::types::RestoreLink>>;
 }
 
 async fn get_all(

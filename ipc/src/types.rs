@@ -1,9 +1,9 @@
 //! Values that cross the bus, and typed snapshots of the objects' properties.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use zbus::zvariant::{OwnedObjectPath, OwnedValue, Type, Value};
+use zbus::zvariant::{Dict, OwnedObjectPath, OwnedValue, Type, Value};
 
 /// A property name with its value, as `GetAll` and `PropertiesChanged` carry it.
 pub type Property = (&'static str, Value<'static>);
@@ -43,6 +43,17 @@ pub struct PartitionProfile {
     pub partitions: u32,
     /// XCCs in each partition.
     pub xcc_per_partition: u32,
+}
+
+/// An io link of a KFD node as CRIU's amdgpu plugin reads it (`(su)`).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, Value, zbus::zvariant::OwnedValue,
+)]
+pub struct RestoreLink {
+    /// `pcie` or `xgmi` (the only types CRIU keeps).
+    pub link_type: String,
+    /// KFD node the link points to.
+    pub node_to: u32,
 }
 
 /// Every property of a GPU object, read in one `GetAll`.
@@ -94,6 +105,11 @@ pub struct PartitionInfo {
     pub xcp: i32,
     pub gpu: OwnedObjectPath,
     pub health: String,
+    /// What CRIU's amdgpu plugin compares at restore, by KFD property name
+    /// (`fw_version`, `capability`, `vram_size`, `vram_public` as 0/1, ...).
+    pub restore_props: BTreeMap<String, u64>,
+    /// The node's PCIe and XGMI io links, as CRIU reads them.
+    pub restore_links: Vec<RestoreLink>,
 }
 
 /// Reads property `name` of type `T` out of a `GetAll` answer.
@@ -184,6 +200,11 @@ impl PartitionInfo {
             ("Xcp", self.xcp.into()),
             ("Gpu", self.gpu.clone().into()),
             ("Health", self.health.clone().into()),
+            (
+                "RestoreProps",
+                Value::from(Dict::from(self.restore_props.clone())),
+            ),
+            ("RestoreLinks", self.restore_links.clone().into()),
         ]
     }
 
@@ -205,6 +226,10 @@ impl PartitionInfo {
             xcp: take(&mut p, "Xcp")?,
             gpu: take(&mut p, "Gpu")?,
             health: take(&mut p, "Health")?,
+            restore_props: take::<HashMap<String, u64>>(&mut p, "RestoreProps")?
+                .into_iter()
+                .collect(),
+            restore_links: take(&mut p, "RestoreLinks")?,
         })
     }
 }
@@ -277,6 +302,16 @@ mod tests {
             xcp: 2,
             gpu: crate::gpu_path("0000:05:00.0"),
             health: crate::MISSING.into(),
+            restore_props: [
+                ("fw_version".to_owned(), 177),
+                ("capability".to_owned(), 2_893_521_536),
+            ]
+            .into_iter()
+            .collect(),
+            restore_links: vec![RestoreLink {
+                link_type: "xgmi".into(),
+                node_to: 3,
+            }],
         };
         let mut props = owned(part.to_properties());
         assert_eq!(PartitionInfo::from_properties(props.clone()).unwrap(), part);

@@ -99,7 +99,6 @@ mod tests {
             partitions: vec![],
             links: vec![],
             partition_profiles: vec![],
-            partition_profiles: vec![],
         }
     }
 
@@ -113,7 +112,7 @@ mod tests {
             partitions: Default::default(),
             connected: true,
             dmem_backend: "on".into(),
-            parents: BTreeMap::new(),
+            parents: std::collections::BTreeMap::new(),
         };
         let value = annotation(&snapshot, 0, true).unwrap();
         let parsed = parse_register(&value).unwrap();

@@ -4,9 +4,11 @@
 //! fake AMD SMI library's JSON fixture) for named machine shapes.
 //! [`bus`] runs a private system-type `dbus-daemon` with the shipped policy and calls it as
 //! other UIDs.
+//! [`criu_image`] writes CRIU amdgpu checkpoint images of a fake or captured node.
 
 pub mod apiserver;
 pub mod bus;
+pub mod criu_image;
 pub mod fake_amdsmi;
 pub mod fixture;
 pub mod hami_emulator;

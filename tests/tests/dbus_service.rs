@@ -427,3 +427,81 @@ fn served_introspection_equals_ipc_interface_xml() {
         );
     });
 }
+
+#[test]
+fn restore_check_answers_over_the_bus_and_refuses_bad_input() {
+    let Some(daemon) = start(Policy::Shipped) else {
+        return;
+    };
+    // A checkpoint taken on this very node (the daemon's fake mi300x-8-spx).
+    let opts = tests::criu_image::ImageOptions::new(tests::criu_image::Format::Newest);
+    let image = tests::criu_image::image_bytes(daemon.root.path(), &opts).unwrap();
+    with_timeout(Duration::from_secs(60), async {
+        let conn = client(&daemon.bus).await;
+        let node = ipc::proxy::NodeProxy::new(&conn).await.unwrap();
+        let none = std::collections::HashMap::new();
+        let verdict = node
+            .restore_check(&image, &[], none.clone(), "criu")
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&verdict).unwrap();
+        assert_eq!(v["restorable"], true, "{v:#}");
+        assert_eq!(v["mode"], "criu");
+        assert_eq!(v["mapping"].as_array().unwrap().len(), 8);
+        // One GPU visible: the counts differ.
+        let options = [("KFD_NUMA_CHECK", "0")].into_iter().collect();
+        let verdict = node
+            .restore_check(&image, &["0000:05:00.0"], options, "")
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&verdict).unwrap();
+        assert_eq!(v["restorable"], false);
+        assert_eq!(v["mode"], "explain");
+        assert_eq!(v["options"]["KFD_NUMA_CHECK"], false);
+        assert_eq!(v["refusals"][0]["property"], "gpu_count");
+        // Bad input is InvalidArgument, naming what is wrong.
+        let bad_option = [("KFD_NUMA", "0")].into_iter().collect();
+        let cases: [(&[u8], &[&str], _, &str, &str); 4] = [
+            (&image[..20], &[], none.clone(), "explain", "truncated"),
+            (&image, &[], bad_option, "explain", "KFD_NUMA"),
+            (&image, &[], none.clone(), "strict", "unknown mode"),
+            (&image, &["renderD999"], none.clone(), "criu", "renderD999"),
+        ];
+        for (bytes, gpus, options, mode, needle) in cases {
+            let err = node
+                .restore_check(bytes, gpus, options, mode)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&err, ipc::ApiError::InvalidArgument(m) if m.contains(needle)),
+                "{needle}: {err}"
+            );
+        }
+    });
+    let props = busctl_ok(
+        &daemon,
+        PLUGIN_UID,
+        &[
+            "get-property",
+            "io.hami.AmdGpu1",
+            PART0,
+            "io.hami.AmdGpu1.Partition",
+            "RestoreProps",
+        ],
+    );
+    assert!(props.starts_with("a{st} 27 "), "{props}");
+    assert!(props.contains("\"fw_version\" 177"), "{props}");
+    assert!(props.contains("\"capability\" 2893521536"), "{props}");
+    let links = busctl_ok(
+        &daemon,
+        PLUGIN_UID,
+        &[
+            "get-property",
+            "io.hami.AmdGpu1",
+            PART0,
+            "io.hami.AmdGpu1.Partition",
+            "RestoreLinks",
+        ],
+    );
+    assert!(links.starts_with("a(su) 8 \"pcie\" 0 \"xgmi\""), "{links}");
+}

@@ -16,7 +16,7 @@ use zbus::{
 };
 
 use super::{auth, publish, switch, vram};
-use crate::{dmem::Dmem, service::Service};
+use crate::{dmem::Dmem, restore_check, service::Service};
 
 /// The service, shared between the node object and the rescan loop.
 pub type Shared = Arc<Mutex<Service>>;
@@ -146,6 +146,58 @@ impl NodeObject {
         .await
     }
 
+    /// Says whether a CRIU checkpoint could be restored on this node.
+    /// `image`: the contents of the checkpoint's amdgpu-kfd-<id>.img. Not a
+    /// path: amd-gpud runs as root and opens no file a caller names, so the
+    /// caller reads the image. `gpus`: the GPUs the restored container will
+    /// see (KFD gpu_id, renderD<minor> or PCI address; empty: all).
+    /// `options`: KFD_*_CHECK variables as CRIU would read them from its
+    /// environment. `mode`: "explain" (default when empty) or "criu".
+    /// Returns the verdict as JSON, as `amd-gpud restore-check --json`
+    /// prints it. InvalidArgument for an unreadable image, an unknown
+    /// option, mode or GPU.
+    async fn restore_check(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        image: Vec<u8>,
+        gpus: Vec<String>,
+        options: HashMap<String, String>,
+        mode: String,
+    ) -> Result<String, ApiError> {
+        let uid = auth::caller_uid(conn, &header).await;
+        let span = info_span!(
+            "dbus",
+            method = "RestoreCheck",
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+            image_bytes = image.len(),
+        );
+        async {
+            let uid = uid?;
+            let (allowed, paths) =
+                self.with(|s| (s.config().allowed_uids.clone(), s.config().paths.clone()));
+            auth::check(uid, &allowed, "RestoreCheck").inspect_err(|e| tracing::warn!("{e}"))?;
+            let request = restore_request(gpus, &options, &mode)?;
+            let verdict = tokio::task::spawn_blocking(move || {
+                let image = restore_check::image::parse(&image, "image")
+                    .map_err(|e| ApiError::InvalidArgument(e.to_string()))?;
+                restore_check::check_host(&paths, &image, &request).map_err(|e| {
+                    if e.is_invalid_input() {
+                        ApiError::InvalidArgument(e.to_string())
+                    } else {
+                        ApiError::Failed(e.to_string())
+                    }
+                })
+            })
+            .await
+            .map_err(|e| ApiError::Failed(format!("the restore check failed: {e}")))??;
+            tracing::info!(restorable = verdict.restorable, "restore check");
+            serde_json::to_string(&verdict).map_err(|e| ApiError::Failed(e.to_string()))
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Emitted after every change of the inventory.
     #[zbus(signal)]
     pub async fn inventory_changed(
@@ -232,4 +284,23 @@ impl NodeObject {
             tracing::warn!("cannot announce the dmem backend: {e}");
         }
     }
+}
+
+/// The request of a `RestoreCheck` call.
+fn restore_request(
+    gpus: Vec<String>,
+    options: &HashMap<String, String>,
+    mode: &str,
+) -> Result<restore_check::Request, ApiError> {
+    let invalid = |e: &dyn std::fmt::Display| ApiError::InvalidArgument(e.to_string());
+    let mut pairs: Vec<(&str, &str)> = options
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    pairs.sort_unstable();
+    Ok(restore_check::Request {
+        mode: mode.parse().map_err(|e| invalid(&e))?,
+        gpus,
+        options: restore_check::Options::from_pairs(pairs).map_err(|e| invalid(&e))?,
+    })
 }

@@ -1,6 +1,8 @@
 //! The GPU and partition objects: read-only properties over a view.
 
-use ipc::types::Link;
+use std::collections::HashMap;
+
+use ipc::types::{Link, RestoreLink};
 use zbus::{interface, zvariant::OwnedObjectPath};
 
 use super::views::{GpuView, PartitionView};
@@ -178,5 +180,20 @@ impl PartitionObject {
     #[zbus(property)]
     fn health(&self) -> String {
         self.view.health.clone()
+    }
+    /// What CRIU's amdgpu plugin compares when it restores a checkpoint onto
+    /// this KFD node, by KFD property name: fw_version, sdma_fw_version,
+    /// caches_count, num_gws, vram_size and capability (relaxed by the
+    /// KFD_*_CHECK options), the values always compared for equality
+    /// (vram_public as 0/1), and domain, drm_render_minor, hive_id (saved,
+    /// not compared).
+    #[zbus(property)]
+    fn restore_props(&self) -> HashMap<String, u64> {
+        self.view.restore_props.clone().into_iter().collect()
+    }
+    /// The node's PCIe and XGMI io links as CRIU reads them: (type, node_to).
+    #[zbus(property)]
+    fn restore_links(&self) -> Vec<RestoreLink> {
+        self.view.restore_links.clone()
     }
 }

@@ -1,16 +1,16 @@
 //! Wire-ready snapshots of GPUs and partitions, built from the registry, and
 //! the property maps used to announce what changed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ipc::{
     HEALTHY, MISSING, gpu_path, partition_path,
-    types::{GpuInfo, Link, PartitionInfo},
+    types::{GpuInfo, Link, PartitionInfo, RestoreLink},
 };
 use zbus::zvariant::Value;
 
 use crate::{
-    inventory::{Gpu, GpuLink, LinkVia, Partition},
+    inventory::{Gpu, GpuLink, LinkVia, Partition, RestoreProps},
     service::{Presence, Registry},
     topology::LinkType,
 };
@@ -40,11 +40,7 @@ fn narrow(value: u64) -> u32 {
 fn link(l: &GpuLink) -> Link {
     Link {
         peer: l.peer.to_string(),
-        link_type: match l.link_type {
-            LinkType::Pcie => "pcie".to_owned(),
-            LinkType::Xgmi => "xgmi".to_owned(),
-            LinkType::Other(t) => format!("other-{t}"),
-        },
+        link_type: link_type(l.link_type),
         via: match l.via {
             LinkVia::IoLink => "io_link",
             LinkVia::P2pLink => "p2p_link",
@@ -101,6 +97,61 @@ pub fn partition_view(part: &Partition, presence: Presence, gpu_bdf: &str) -> Pa
         xcp: signed(part.xcp),
         gpu: gpu_path(gpu_bdf),
         health: health(presence),
+        restore_props: restore_props(&part.restore),
+        restore_links: part
+            .restore
+            .io_links
+            .iter()
+            .map(|l| RestoreLink {
+                link_type: link_type(l.link_type),
+                node_to: l.node_to,
+            })
+            .collect(),
+    }
+}
+
+/// The values CRIU's amdgpu plugin compares (and the ones it saves but does
+/// not compare), by KFD property name.
+fn restore_props(r: &RestoreProps) -> BTreeMap<String, u64> {
+    [
+        ("fw_version", r.fw_version),
+        ("sdma_fw_version", r.sdma_fw_version),
+        ("caches_count", r.caches_count),
+        ("num_gws", r.num_gws),
+        ("vram_size", r.vram_size),
+        ("capability", r.capability),
+        ("simd_count", r.simd_count),
+        ("mem_banks_count", r.mem_banks_count),
+        ("io_links_count", r.io_links_count),
+        ("max_waves_per_simd", r.max_waves_per_simd),
+        ("lds_size_in_kb", r.lds_size_in_kb),
+        ("wave_front_size", r.wave_front_size),
+        ("array_count", r.array_count),
+        ("simd_arrays_per_engine", r.simd_arrays_per_engine),
+        ("cu_per_simd_array", r.cu_per_simd_array),
+        ("simd_per_cu", r.simd_per_cu),
+        ("max_slots_scratch_cu", r.max_slots_scratch_cu),
+        ("vendor_id", r.vendor_id),
+        ("device_id", r.device_id),
+        ("num_sdma_engines", r.num_sdma_engines),
+        ("num_sdma_xgmi_engines", r.num_sdma_xgmi_engines),
+        ("num_sdma_queues_per_engine", r.num_sdma_queues_per_engine),
+        ("num_cp_queues", r.num_cp_queues),
+        ("vram_public", u64::from(r.vram_public)),
+        ("domain", r.domain),
+        ("drm_render_minor", r.drm_render_minor),
+        ("hive_id", r.hive_id),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+fn link_type(t: LinkType) -> String {
+    match t {
+        LinkType::Pcie => "pcie".to_owned(),
+        LinkType::Xgmi => "xgmi".to_owned(),
+        LinkType::Other(t) => format!("other-{t}"),
     }
 }
 

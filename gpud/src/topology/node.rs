@@ -181,6 +181,14 @@ pub(super) fn read_number(
 
 /// The numeric sub-directories of `dir`, sorted; empty when `dir` is absent.
 pub(super) fn numbered_entries(dir: &Path, issues: &mut Vec<TopologyIssue>) -> Vec<(u32, PathBuf)> {
+    let mut out = listed_entries(dir, issues);
+    out.sort_unstable_by_key(|(index, _)| *index);
+    out
+}
+
+/// The numeric sub-directories of `dir` in the order the directory listing
+/// returns them (not sorted); empty when `dir` is absent.
+pub(super) fn listed_entries(dir: &Path, issues: &mut Vec<TopologyIssue>) -> Vec<(u32, PathBuf)> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),
@@ -192,15 +200,13 @@ pub(super) fn numbered_entries(dir: &Path, issues: &mut Vec<TopologyIssue>) -> V
             return Vec::new();
         }
     };
-    let mut out: Vec<(u32, PathBuf)> = entries
+    entries
         .filter_map(Result::ok)
         .filter_map(|e| {
             let index = e.file_name().to_str()?.parse().ok()?;
             Some((index, e.path()))
         })
-        .collect();
-    out.sort_unstable_by_key(|(index, _)| *index);
-    out
+        .collect()
 }
 
 fn read_mem_banks(dir: &Path, buf: &mut String, issues: &mut Vec<TopologyIssue>) -> Vec<MemBank> {

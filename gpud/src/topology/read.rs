@@ -7,7 +7,7 @@ use tracing::{debug, warn};
 
 use super::{
     KfdNode, TopologyError, TopologyIssue,
-    node::{numbered_entries, read_number},
+    node::{listed_entries, read_number},
 };
 use crate::hostpaths::HostPaths;
 
@@ -22,6 +22,9 @@ pub struct Topology {
     pub generation_id: Option<u64>,
     /// Every node that could be read, by index.
     pub nodes: Vec<KfdNode>,
+    /// Indices of [`Topology::nodes`] in the order the `nodes` directory
+    /// listing returned them: the order CRIU's amdgpu plugin walks them in.
+    pub listing_order: Vec<u32>,
     /// Problems with single files or nodes.
     pub issues: Vec<TopologyIssue>,
 }
@@ -55,7 +58,7 @@ pub fn read_topology(paths: &HostPaths) -> Result<Topology, TopologyError> {
     for attempt in 1..=MAX_ATTEMPTS {
         let mut issues = Vec::new();
         let before = read_number(&path.join("generation_id"), &mut buf, &mut issues);
-        let nodes = read_nodes(&nodes_dir, &mut buf, &mut issues);
+        let (nodes, listing_order) = read_nodes(&nodes_dir, &mut buf, &mut issues);
         let after = read_number(
             &path.join("generation_id"),
             &mut Default::default(),
@@ -82,6 +85,7 @@ pub fn read_topology(paths: &HostPaths) -> Result<Topology, TopologyError> {
             path,
             generation_id: before,
             nodes,
+            listing_order,
             issues,
         });
     }
@@ -91,17 +95,25 @@ pub fn read_topology(paths: &HostPaths) -> Result<Topology, TopologyError> {
     })
 }
 
+/// The nodes sorted by index (read in that order, so problems are reported
+/// in a stable order), and the indices of those read in listing order.
 fn read_nodes(
     nodes_dir: &std::path::Path,
     buf: &mut String,
     issues: &mut Vec<TopologyIssue>,
-) -> Vec<KfdNode> {
-    let entries = numbered_entries(nodes_dir, issues);
+) -> (Vec<KfdNode>, Vec<u32>) {
+    let mut entries = listed_entries(nodes_dir, issues);
+    let listed: Vec<u32> = entries.iter().map(|(index, _)| *index).collect();
+    entries.sort_unstable_by_key(|(index, _)| *index);
     let mut nodes = Vec::with_capacity(entries.len());
     for (index, path) in entries {
         if let Some(node) = KfdNode::read(index, &path, buf, issues) {
             nodes.push(node);
         }
     }
-    nodes
+    let order = listed
+        .into_iter()
+        .filter(|i| nodes.binary_search_by_key(i, |n| n.index).is_ok())
+        .collect();
+    (nodes, order)
 }

@@ -37,7 +37,7 @@ fn snapshot() -> Snapshot {
         partitions: BTreeMap::new(),
         connected: true,
         dmem_backend: "on".into(),
-            parents: BTreeMap::new(),
+        parents: BTreeMap::new(),
     }
 }
 
