@@ -5,7 +5,7 @@ use std::{path::PathBuf, str::FromStr};
 
 use clap::Parser;
 
-use crate::allocator::Policy;
+use crate::{allocator::Policy, partition::OperatingMode};
 
 /// Default kubelet device-plugin directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
@@ -95,6 +95,15 @@ pub struct Cli {
         value_name = "PATH|none"
     )]
     pub pod_resources_socket: String,
+    /// `cu`: whole GPUs shared by CU masks; `partition`: each compute
+    /// partition registered as a whole device. The node annotation
+    /// `hami.io/amd-operating-mode` wins over this.
+    #[arg(long, env = "OPERATING_MODE", default_value = "cu", value_parser = OperatingMode::from_str)]
+    pub operating_mode: OperatingMode,
+    /// Compute partition mode (`SPX`, `DPX`, `QPX`, `CPX`, ...) every idle GPU
+    /// that offers it is switched to at start, through amd-gpud; unset: none.
+    #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE")]
+    pub compute_partition: Option<String>,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,

@@ -63,7 +63,9 @@ impl DeviceTable {
         let mut table = Self::default();
         for gpu in &snapshot.gpus {
             let id = gpu_id(gpu);
-            let count = if split_count == 0 {
+            let count = if snapshot.is_partition(&gpu.bdf) {
+                1
+            } else if split_count == 0 {
                 default_split(&gpu.gfx)
             } else {
                 split_count

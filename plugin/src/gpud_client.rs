@@ -99,7 +99,11 @@ async fn follow(bus: Bus, tx: watch::Sender<Snapshot>) {
     }
 }
 
-async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
+/// A connection to the bus amd-gpud is on.
+///
+/// # Errors
+/// When the bus cannot be reached.
+pub async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
     let built = match bus {
         Bus::System => Connection::system().await,
         Bus::Address(address) => {

@@ -16,6 +16,8 @@ pub mod hami;
 pub mod kube;
 pub mod kubelet;
 pub mod node_register;
+pub mod partition;
+pub mod switcher;
 pub mod vram;
 
 use std::{process::ExitCode, time::Duration};
@@ -75,53 +77,25 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let snapshots = gpud_client::spawn(bus.clone());
+    let raw = gpud_client::spawn(bus.clone());
+    let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
+    let snapshots = partition::follow(raw.clone(), mode);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
-    let mut allocator = None;
-    let mut hint: Option<std::sync::Arc<dyn kubelet::AllocationHint>> = None;
-    let mut vram = None;
-    let owners = std::sync::Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
-    let registrar = client.map(|client| {
-        let caches = kube::Caches::start(&client, &cli.node_name);
-        let config = allocate::AllocateConfig {
-            dev_dir: cli.host_dev.clone(),
-            hook_dir: cli.hook_path.clone(),
-            resource_name: cli.resource_name.clone(),
-        };
-        allocator = Some(std::sync::Arc::new(allocate::Allocator::new(
-            client.clone(),
-            caches.clone(),
-            snapshots.clone(),
-            config,
-            owners.clone(),
-        )));
-        hint = Some(std::sync::Arc::new(allocate::HamiHint {
-            caches: caches.clone(),
-        }));
-        vram = Some(std::sync::Arc::new(vram::VramCaps {
-            mode: cli.dmem_backend,
-            sink: std::sync::Arc::new(gpud_client::GpudCaps {
-                bus: bus.clone(),
-                snapshots: snapshots.clone(),
-            }),
-            owners: owners.clone(),
-            caches: caches.clone(),
-            snapshots: snapshots.clone(),
-            events: Some(kube::Events::new(client.clone(), &cli.node_name)),
-        }));
-        let config = kube::RegisterConfig {
-            split_count: cli.split_count,
-            recheck: Duration::from_secs(cli.register_interval.max(1)),
-        };
-        tokio::spawn(kube::run_register(
-            client,
-            caches,
-            snapshots,
-            config,
-            until(stopped.clone()),
-        ))
-    });
+    let parts = client.map(|client| kube_parts(client, &cli, &bus, &snapshots, stopped));
+    if let Some(target) = cli.compute_partition.clone() {
+        let caches = parts.as_ref().map(|p| p.caches.clone());
+        tokio::spawn(switcher::switch_idle_gpus(bus.clone(), raw, caches, target));
+    }
+    let (allocator, hint, vram, registrar) = match parts {
+        Some(p) => (
+            Some(p.allocator),
+            Some(p.hint),
+            Some(p.vram),
+            Some(p.registrar),
+        ),
+        None => (None, None, None, None),
+    };
     if registrar.is_none() {
         info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
     }
@@ -145,6 +119,70 @@ pub async fn serve(cli: Cli) -> anyhow::Result<()> {
         tracing::warn!("the node annotation was not republished within 15 s of the stop");
     }
     Ok(())
+}
+
+/// What the plugin does with the Kubernetes API.
+struct KubeParts {
+    caches: kube::Caches,
+    allocator: std::sync::Arc<allocate::Allocator>,
+    hint: std::sync::Arc<dyn kubelet::AllocationHint>,
+    vram: std::sync::Arc<vram::VramCaps>,
+    /// Keeps the register annotation; ends after the graceful republish.
+    registrar: tokio::task::JoinHandle<()>,
+}
+
+fn kube_parts(
+    client: ::kube::Client,
+    cli: &Cli,
+    bus: &Bus,
+    snapshots: &watch::Receiver<gpud_client::Snapshot>,
+    stopped: watch::Receiver<bool>,
+) -> KubeParts {
+    let caches = kube::Caches::start(&client, &cli.node_name);
+    let owners = std::sync::Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
+    let config = allocate::AllocateConfig {
+        dev_dir: cli.host_dev.clone(),
+        hook_dir: cli.hook_path.clone(),
+        resource_name: cli.resource_name.clone(),
+    };
+    let allocator = std::sync::Arc::new(allocate::Allocator::new(
+        client.clone(),
+        caches.clone(),
+        snapshots.clone(),
+        config,
+        owners.clone(),
+    ));
+    let vram = std::sync::Arc::new(vram::VramCaps {
+        mode: cli.dmem_backend,
+        sink: std::sync::Arc::new(gpud_client::GpudCaps {
+            bus: bus.clone(),
+            snapshots: snapshots.clone(),
+        }),
+        owners,
+        caches: caches.clone(),
+        snapshots: snapshots.clone(),
+        events: Some(kube::Events::new(client.clone(), &cli.node_name)),
+    });
+    let config = kube::RegisterConfig {
+        split_count: cli.split_count,
+        recheck: Duration::from_secs(cli.register_interval.max(1)),
+    };
+    let registrar = tokio::spawn(kube::run_register(
+        client,
+        caches.clone(),
+        snapshots.clone(),
+        config,
+        until(stopped),
+    ));
+    KubeParts {
+        hint: std::sync::Arc::new(allocate::HamiHint {
+            caches: caches.clone(),
+        }),
+        caches,
+        allocator,
+        vram,
+        registrar,
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -39,6 +39,81 @@ pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo
     info
 }
 
+/// `custominfo.partitionProfiles` (each profile of the GPU once per memory
+/// mode it allows, in the shape of HAMi's MIG profiles: a name, the memory and
+/// cores of one partition, and how many there are) and
+/// `custominfo.partitionProfile` (the current one, e.g. `cpx_nps1`), for GPUs
+/// with compute partitions.
+fn add_profiles(info: &mut DeviceInfo, gpu: &GpuInfo) {
+    if gpu.partition_profiles.is_empty() {
+        return;
+    }
+    let whole_mib = gpu_whole_mib(gpu, info);
+    let mut menu = Vec::new();
+    for p in &gpu.partition_profiles {
+        let n = p.partitions.max(1);
+        for memory in &p.memory_partitions {
+            menu.push(serde_json::json!({
+                "name": profile_name(&p.compute_partition, memory),
+                "index": p.index,
+                "computePartition": p.compute_partition.to_ascii_lowercase(),
+                "memoryPartition": memory.to_ascii_lowercase(),
+                "partitionCount": n,
+                "xccPerPartition": p.xcc_per_partition,
+                "memoryMB": whole_mib / u64::from(n),
+                "core": gpu_whole_cus(gpu, info) / n,
+            }));
+        }
+    }
+    let extra = &mut info.custominfo.extra;
+    extra.insert(
+        "partitionProfiles".to_owned(),
+        serde_json::Value::Array(menu),
+    );
+    if !gpu.compute_partition.is_empty() && !gpu.memory_partition.is_empty() {
+        let current = profile_name(&gpu.compute_partition, &gpu.memory_partition);
+        extra.insert("partitionProfile".to_owned(), current.into());
+    }
+}
+
+/// `cpx_nps1`.
+fn profile_name(compute: &str, memory: &str) -> String {
+    format!(
+        "{}_{}",
+        compute.to_ascii_lowercase(),
+        memory.to_ascii_lowercase()
+    )
+}
+
+/// The whole GPU's MiB: a partition device carries its share, times the count.
+fn gpu_whole_mib(gpu: &GpuInfo, info: &DeviceInfo) -> u64 {
+    let share = gpu.vram_bytes / MIB;
+    if info.count == 1 && !info.mode.is_empty() {
+        share * u64::from(current_count(gpu))
+    } else {
+        share
+    }
+}
+
+fn gpu_whole_cus(gpu: &GpuInfo, info: &DeviceInfo) -> u32 {
+    if info.count == 1 && !info.mode.is_empty() {
+        gpu.compute_units * current_count(gpu)
+    } else {
+        gpu.compute_units
+    }
+}
+
+/// Partitions of the current profile.
+fn current_count(gpu: &GpuInfo) -> u32 {
+    gpu.partition_profiles
+        .iter()
+        .find(|p| {
+            p.compute_partition
+                .eq_ignore_ascii_case(&gpu.compute_partition)
+        })
+        .map_or(1, |p| p.partitions.max(1))
+}
+
 /// The market name, or `AMD <gfx>` when AMD SMI did not give one (HAMi wants
 /// a type that starts with `AMD`).
 fn product_name(gpu: &GpuInfo) -> String {
@@ -62,7 +137,16 @@ pub fn annotation(
     let devices: Vec<DeviceInfo> = snapshot
         .gpus
         .iter()
-        .map(|gpu| device_info(gpu, split_count, healthy))
+        .map(|gpu| {
+            let mut info = device_info(gpu, split_count, healthy);
+            if snapshot.is_partition(&gpu.bdf) {
+                // A compute partition, allocated whole; never `mig`.
+                info.count = 1;
+                info.mode = gpu.compute_partition.to_ascii_lowercase();
+            }
+            add_profiles(&mut info, gpu);
+            info
+        })
         .collect();
     register_annotation(&devices)
 }

@@ -185,10 +185,12 @@ pub fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64
         let bytes = u64::from(device.usedmem)
             .checked_mul(MIB)
             .ok_or_else(|| format!("{} MiB does not fit in bytes", device.usedmem))?;
-        let sum: &mut u64 = limits.entry(gpu.bdf.clone()).or_default();
+        // A compute partition's VRAM is capped in its GPU's region.
+        let region = snapshot.physical_bdf(&gpu.bdf).to_owned();
+        let sum: &mut u64 = limits.entry(region.clone()).or_default();
         *sum = sum
             .checked_add(bytes)
-            .ok_or_else(|| format!("the VRAM sum on {} overflows", gpu.bdf))?;
+            .ok_or_else(|| format!("the VRAM sum on {region} overflows"))?;
     }
     Ok(limits)
 }

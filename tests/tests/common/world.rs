@@ -100,6 +100,8 @@ pub struct World {
     pub bus: PrivateBus,
     pub plugin: stack::Process,
     pub extra: Vec<String>,
+    /// Extra `amd-gpud serve` arguments, for [`World::restart_both`].
+    pub gpud_args: Vec<String>,
     _keep: (tempfile::TempDir, stack::Process),
 }
 
@@ -107,6 +109,18 @@ impl World {
     /// The fake host root amd-gpud serves.
     pub fn root(&self) -> &std::path::Path {
         self._keep.0.path()
+    }
+
+    /// Stops amd-gpud and the plugin, then starts both again (kubelet and
+    /// the API server keep running).
+    pub async fn restart_both(&mut self) {
+        self.plugin.kill();
+        self._keep.1.kill();
+        let args: Vec<&str> = self.gpud_args.iter().map(String::as_str).collect();
+        let fake_node = super::fake_node_exe();
+        self._keep.1 =
+            stack::gpud_with(&fake_node, &self.bus, self._keep.0.path(), 0, &args).unwrap();
+        self.restart_plugin().await;
     }
 
     /// Stops the plugin and starts a new one (kubelet keeps running).
@@ -187,6 +201,7 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
         bus,
         plugin,
         extra,
+        gpud_args: setup.gpud_args.iter().map(ToString::to_string).collect(),
         _keep: (root, gpud),
     }
 }

@@ -1,0 +1,141 @@
+//! Partition mode (hami-protocol §1.6): every compute partition of a GPU is
+//! registered as a device of its own, allocated whole, replacing its parent
+//! GPU. The unchanged scheduler cannot repartition on demand; the only
+//! representation it understands is one DeviceInfo per partition.
+//!
+//! Done as a view of amd-gpud's snapshot: each partitioned GPU becomes one
+//! device per live partition, keyed by the partition's own PCI address (from
+//! KFD), with the GPU's CUs and VRAM divided by the partition count (rounded
+//! down), no ROCr UUID (partitions share their GPU's, so a container selects
+//! them by container-local index), and an id `<gpu id>-<mode><index>`, stable
+//! while the mode stays. Everything downstream (kubelet's devices, the
+//! register annotation, Allocate, VRAM caps) works on the view unchanged.
+//! GPUs without compute partitions (RDNA, SR-IOV VFs, APUs) stay CU-maskable.
+
+use std::str::FromStr;
+
+use ipc::types::GpuInfo;
+use tokio::sync::watch;
+
+use crate::{devices::gpu_id, gpud_client::Snapshot};
+
+/// The node annotation that chooses the operating mode (it wins over the flag).
+pub const MODE_ANNOTATION: &str = "hami.io/amd-operating-mode";
+
+/// How the node's GPUs are offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OperatingMode {
+    /// Whole GPUs shared by CU masks (the default).
+    #[default]
+    Cu,
+    /// Compute partitions as whole devices.
+    Partition,
+}
+
+impl FromStr for OperatingMode {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value.trim() {
+            "cu" => Ok(Self::Cu),
+            "partition" => Ok(Self::Partition),
+            other => Err(format!("operating mode is cu or partition, not {other:?}")),
+        }
+    }
+}
+
+/// The mode from the node annotation when it is set and valid, else `flag`.
+/// An unknown annotation value is logged and `cu` is used.
+pub fn resolve(annotation: Option<&str>, flag: OperatingMode) -> OperatingMode {
+    match annotation.map(str::parse::<OperatingMode>) {
+        None => flag,
+        Some(Ok(mode)) => mode,
+        Some(Err(why)) => {
+            tracing::warn!("{MODE_ANNOTATION} on the node: {why}; using cu");
+            OperatingMode::Cu
+        }
+    }
+}
+
+/// The id of partition `index` of `gpu` in `mode` (`CPX` ...).
+pub fn partition_id(gpu: &GpuInfo, mode: &str, index: u32) -> String {
+    format!("{}-{}{index}", gpu_id(gpu), mode.to_ascii_lowercase())
+}
+
+/// `snapshot` as the scheduler sees it in `mode`.
+pub fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
+    if mode == OperatingMode::Cu {
+        return snapshot.clone();
+    }
+    let mut out = Snapshot {
+        gpus: Vec::new(),
+        partitions: std::collections::BTreeMap::new(),
+        ..snapshot.clone()
+    };
+    for gpu in &snapshot.gpus {
+        let parts: Vec<_> = snapshot
+            .partitions
+            .get(&gpu.bdf)
+            .into_iter()
+            .flatten()
+            .filter(|p| p.health != ipc::MISSING)
+            .collect();
+        if gpu.compute_partition.is_empty() || parts.is_empty() {
+            out.partitions.insert(
+                gpu.bdf.clone(),
+                snapshot
+                    .partitions
+                    .get(&gpu.bdf)
+                    .cloned()
+                    .unwrap_or_default(),
+            );
+            out.gpus.push(gpu.clone());
+            continue;
+        }
+        let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+        for part in parts {
+            let device = GpuInfo {
+                bdf: part.bdf.clone(),
+                rocr_uuid: String::new(),
+                amdsmi_uuid: partition_id(gpu, &gpu.compute_partition, part.index),
+                compute_units: gpu.compute_units / count,
+                vram_bytes: gpu.vram_bytes / u64::from(count),
+                health: if part.health == ipc::HEALTHY {
+                    gpu.health.clone()
+                } else {
+                    part.health.clone()
+                },
+                partitions: vec![],
+                links: vec![],
+                ..gpu.clone()
+            };
+            out.parents.insert(part.bdf.clone(), gpu.bdf.clone());
+            out.partitions.insert(part.bdf.clone(), vec![part.clone()]);
+            out.gpus.push(device);
+        }
+    }
+    out
+}
+
+/// Follows `raw` snapshots, publishing their view in `mode`.
+pub fn follow(
+    mut raw: watch::Receiver<Snapshot>,
+    mode: OperatingMode,
+) -> watch::Receiver<Snapshot> {
+    let (tx, rx) = watch::channel(view(&raw.borrow_and_update(), mode));
+    tokio::spawn(async move {
+        while raw.changed().await.is_ok() {
+            let next = view(&raw.borrow_and_update(), mode);
+            tx.send_if_modified(|s| {
+                let changed = *s != next;
+                *s = next;
+                changed
+            });
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+#[path = "partition_tests.rs"]
+mod tests;

@@ -1,0 +1,116 @@
+use std::collections::BTreeMap;
+
+use ipc::types::PartitionInfo;
+
+use super::*;
+
+fn gpu(bdf: &str, mode: &str) -> GpuInfo {
+    GpuInfo {
+        bdf: bdf.into(),
+        rocr_uuid: "GPU-8ecb9de71e8aa497".into(),
+        unique_id: "1".into(),
+        gfx: "gfx942".into(),
+        compute_units: 304,
+        cus_per_wgp: 1,
+        vram_bytes: 192 << 30,
+        numa_node: 0,
+        market_name: "AMD Instinct MI300X".into(),
+        amdsmi_uuid: String::new(),
+        vendor_id: 0x1002,
+        device_id: 0x74a1,
+        compute_partition: mode.into(),
+        memory_partition: "NPS1".into(),
+        available_compute_partitions: vec![],
+        health: ipc::HEALTHY.into(),
+        partitions: vec![],
+        links: vec![],
+        partition_profiles: vec![],
+    }
+}
+
+fn part(bdf: &str, index: u32, health: &str) -> PartitionInfo {
+    PartitionInfo {
+        index,
+        kfd_node: 2 + index,
+        gpu_id: 100 + u64::from(index),
+        render_minor: 128 + index,
+        card_minor: i32::try_from(index).unwrap(),
+        bdf: bdf.into(),
+        compute_units: 38,
+        num_xcc: 1,
+        vram_bytes: 24 << 30,
+        xcp: -1,
+        gpu: ipc::gpu_path("0000:05:00.0"),
+        health: health.into(),
+        restore_props: BTreeMap::new(),
+        restore_links: vec![],
+    }
+}
+
+fn node() -> Snapshot {
+    let mut parts: Vec<PartitionInfo> = (0..8)
+        .map(|i| part(&format!("0000:05:00.{i}"), i, ipc::HEALTHY))
+        .collect();
+    parts[7].health = ipc::MISSING.into(); // gone after a switch back
+    let mut radeon = gpu("0000:83:00.0", "");
+    radeon.rocr_uuid = "GPU-1111222233334444".into();
+    Snapshot {
+        gpus: vec![gpu("0000:05:00.0", "CPX"), radeon],
+        partitions: BTreeMap::from([
+            ("0000:05:00.0".to_owned(), parts),
+            (
+                "0000:83:00.0".to_owned(),
+                vec![part("0000:83:00.0", 0, ipc::HEALTHY)],
+            ),
+        ]),
+        connected: true,
+        dmem_backend: "on".into(),
+        parents: BTreeMap::new(),
+    }
+}
+
+#[test]
+fn each_live_partition_replaces_its_gpu() {
+    let view = view(&node(), OperatingMode::Partition);
+    let ids: Vec<String> = view.gpus.iter().map(gpu_id).collect();
+    assert_eq!(
+        ids[..3],
+        [
+            "GPU-8ecb9de71e8aa497-cpx0",
+            "GPU-8ecb9de71e8aa497-cpx1",
+            "GPU-8ecb9de71e8aa497-cpx2"
+        ]
+    );
+    assert_eq!(ids.len(), 7 + 1, "seven live partitions and the Radeon");
+    assert_eq!(
+        ids[7], "GPU-1111222233334444",
+        "a GPU without partitions stays whole"
+    );
+    let first = &view.gpus[0];
+    assert_eq!(
+        (first.compute_units, first.vram_bytes),
+        (304 / 7, (192 << 30) / 7)
+    );
+    assert!(
+        first.rocr_uuid.is_empty(),
+        "selected by container-local index"
+    );
+    assert_eq!(view.physical_bdf("0000:05:00.3"), "0000:05:00.0");
+    assert!(view.is_partition("0000:05:00.3") && !view.is_partition("0000:83:00.0"));
+    assert_eq!(view.partitions["0000:05:00.3"][0].render_minor, 131);
+    assert!(!ids.iter().any(|id| id.contains([',', ':', ';'])));
+}
+
+#[test]
+fn cu_mode_is_the_snapshot_itself() {
+    assert_eq!(view(&node(), OperatingMode::Cu), node());
+}
+
+#[test]
+fn the_annotation_wins_and_unknown_values_mean_cu() {
+    use OperatingMode::{Cu, Partition};
+    assert_eq!(resolve(None, Partition), Partition);
+    assert_eq!(resolve(Some("partition"), Cu), Partition);
+    assert_eq!(resolve(Some("cu"), Partition), Cu);
+    assert_eq!(resolve(Some("mig"), Partition), Cu);
+}

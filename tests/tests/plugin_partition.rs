@@ -1,0 +1,290 @@
+//! Partition mode end to end: each compute partition registered as a device
+//! of its own (count 1, the GPU's VRAM and CUs divided, mode `cpx`, the
+//! profile menu in `custominfo`), allocated whole (no CU mask, no hook,
+//! selected by container-local index), ids resolved across a restart of both
+//! processes; a mixed Instinct + Radeon node; and `COMPUTE_PARTITION`
+//! switching idle GPUs through amd-gpud while a GPU with allocations stays.
+//! Needs root (private bus).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
+
+use common::world::{Gpu, NODE, Setup, World, schedule, world_with};
+use serde_json::{Value, json};
+use tests::{
+    apiserver::{FakeApiServer, Kind},
+    fixture::{self, BuildOptions, driver::FakeDriver, models::mixed_instinct_radeon},
+};
+
+fn partition_args(extra: &[&str]) -> Vec<String> {
+    ["--operating-mode", "partition"]
+        .iter()
+        .chain(extra)
+        .map(ToString::to_string)
+        .collect()
+}
+
+fn register(api: &FakeApiServer) -> Vec<Value> {
+    let node = api.get(Kind::Node, "", NODE).unwrap();
+    let value = node["metadata"]["annotations"]["hami.io/node-amd-register"]
+        .as_str()
+        .unwrap();
+    serde_json::from_str(value).unwrap()
+}
+
+/// Waits until the register annotation satisfies `check`.
+async fn wait_register(api: &FakeApiServer, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let start = Instant::now();
+    loop {
+        let devices = api
+            .get(Kind::Node, "", NODE)
+            .and_then(|n| {
+                n["metadata"]["annotations"]["hami.io/node-amd-register"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .and_then(|v| serde_json::from_str::<Vec<Value>>(&v).ok())
+            .unwrap_or_default();
+        if check(&devices) {
+            return devices;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "register annotation: {devices:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn allocate(
+    w: &World,
+    name: &str,
+    devices: &[(&Gpu, u32, u32)],
+    time: u64,
+) -> tests::kubelet::ContainerAllocateResponse {
+    schedule(&w.api, name, devices, time);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids = devices
+        .iter()
+        .map(|(g, _, _)| format!("{}#0", g.id))
+        .collect();
+    w.kubelet.allocate(ids).await.unwrap()
+}
+
+#[test]
+fn compute_partitions_are_whole_devices() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), cpx_node());
+}
+
+async fn cpx_node() {
+    let args = partition_args(&[]);
+    let mut w = world_with(&Setup {
+        fixture: "mi300x-8-cpx",
+        devices: 64,
+        gpud_args: &[],
+        plugin_args: &args,
+        prepare: &|_| {},
+    })
+    .await;
+    let devices = register(&w.api);
+    assert_eq!(devices.len(), 64);
+    let first = &devices[0];
+    assert!(first["id"].as_str().unwrap().ends_with("-cpx0"), "{first}");
+    assert_eq!(
+        (
+            &first["count"],
+            &first["devmem"],
+            &first["devcore"],
+            &first["mode"]
+        ),
+        (&json!(1), &json!(24576), &json!(38), &json!("cpx"))
+    );
+    assert_eq!(first["custominfo"]["partitionProfile"], "cpx_nps1");
+    let menu = first["custominfo"]["partitionProfiles"].as_array().unwrap();
+    let names: Vec<&str> = menu.iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["spx_nps1", "dpx_nps1", "qpx_nps1", "cpx_nps1"]);
+    assert_eq!(
+        menu[3],
+        json!({"name": "cpx_nps1", "index": 3, "computePartition": "cpx", "memoryPartition": "nps1",
+               "partitionCount": 8, "xccPerPartition": 1, "memoryMB": 24576, "core": 38})
+    );
+    assert_eq!(menu[1]["memoryMB"], 98304);
+
+    // One partition, whole: no mask, no hook, its own render node.
+    let one = allocate(&w, "one-part", &[(&w.gpus[0], 24576, 38)], 600).await;
+    assert_eq!(one.envs["ROCR_VISIBLE_DEVICES"], "0");
+    assert!(!one.envs.contains_key("HSA_CU_MASK") && !one.envs.contains_key("LD_AUDIT"));
+    assert!(one.mounts.is_empty());
+    let paths: Vec<&str> = one
+        .devices
+        .iter()
+        .map(|d| d.container_path.as_str())
+        .collect();
+    assert_eq!(paths.len(), 3, "{paths:?}");
+    assert_eq!(paths[0], "/dev/kfd");
+    // Two partitions in one container, by container-local index.
+    let two = allocate(
+        &w,
+        "two-parts",
+        &[(&w.gpus[1], 24576, 38), (&w.gpus[2], 24576, 38)],
+        601,
+    )
+    .await;
+    assert_eq!(two.envs["ROCR_VISIBLE_DEVICES"], "0,1");
+    let renders: BTreeSet<String> = [&one, &two]
+        .iter()
+        .flat_map(|a| a.devices.iter())
+        .filter(|d| d.container_path.contains("renderD"))
+        .map(|d| d.host_path.clone())
+        .collect();
+    assert_eq!(
+        renders.len(),
+        3,
+        "each partition its own render node: {renders:?}"
+    );
+
+    // Both processes restarted: the same ids, and an id from before resolves.
+    let before: BTreeSet<String> = w.kubelet.devices().into_iter().map(|d| d.id).collect();
+    let fourth = w.gpus[3].id.clone();
+    w.restart_both().await;
+    w.kubelet
+        .wait_devices(Duration::from_secs(20), |d| d.len() == 64)
+        .await
+        .unwrap();
+    let after: BTreeSet<String> = w.kubelet.devices().into_iter().map(|d| d.id).collect();
+    assert_eq!(before, after);
+    let g3 = Gpu {
+        id: fourth,
+        device_type: w.gpus[3].device_type.clone(),
+        rocr_uuid: String::new(),
+    };
+    let again = allocate(&w, "after-restart", &[(&g3, 24576, 38)], 602).await;
+    assert_eq!(again.envs["ROCR_VISIBLE_DEVICES"], "0");
+}
+
+#[test]
+fn a_mixed_node_keeps_radeons_cu_maskable() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), mixed());
+}
+
+fn build_mixed(root: &std::path::Path) {
+    std::fs::remove_dir_all(root).unwrap();
+    let opts = BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    };
+    fixture::build(&mixed_instinct_radeon(), root, &opts).unwrap();
+}
+
+async fn mixed() {
+    let args = partition_args(&[]);
+    let w = world_with(&Setup {
+        fixture: "mi300x-8-spx",
+        devices: 2 * 2 + 2,
+        gpud_args: &[],
+        plugin_args: &args,
+        prepare: &build_mixed,
+    })
+    .await;
+    let devices = register(&w.api);
+    let modes: Vec<(&str, i64)> = devices
+        .iter()
+        .map(|d| {
+            (
+                d["mode"].as_str().unwrap_or(""),
+                d["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        modes,
+        [("", 2), ("dpx", 1), ("dpx", 1), ("dpx", 1), ("dpx", 1)],
+        "{devices:?}"
+    );
+    let radeon = w.gpus.iter().find(|g| !g.id.contains("-dpx")).unwrap();
+    let sliced = allocate(&w, "radeon-half", &[(radeon, 4096, 32)], 700).await;
+    assert_eq!(sliced.envs["HSA_CU_MASK"], "0:0-31");
+    let part = w.gpus.iter().find(|g| g.id.ends_with("-dpx1")).unwrap();
+    let whole = allocate(&w, "dpx-part", &[(part, 98304, 152)], 701).await;
+    assert!(!whole.envs.contains_key("HSA_CU_MASK"));
+}
+
+#[test]
+fn compute_partition_switches_idle_gpus_at_start() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), switch_at_start());
+}
+
+async fn switch_at_start() {
+    // A pod already holds GPU 3 (HAMi's record survives the plugin).
+    let spec = fixture::named("mi300x-8-spx").unwrap();
+    let args = partition_args(&[]);
+    let mut w = world_with(&Setup {
+        fixture: "mi300x-8-spx",
+        devices: 8,
+        gpud_args: &[],
+        plugin_args: &args,
+        prepare: &|_| {},
+    })
+    .await;
+    let _driver = FakeDriver::start(
+        w.root(),
+        spec,
+        BuildOptions {
+            drm: true,
+            amdsmi_abi: None,
+        },
+    );
+    schedule(&w.api, "holder", &[(&w.gpus[3], 1024, 304)], 800);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.kubelet
+        .allocate(vec![format!("{}#0", w.gpus[3].id)])
+        .await
+        .unwrap();
+    let held = w.gpus[3].id.clone();
+
+    w.extra
+        .extend(["--compute-partition".to_owned(), "CPX".to_owned()]);
+    w.restart_plugin().await;
+    let devices = wait_register(&w.api, |d| d.len() == 7 * 8 + 1).await;
+    assert!(
+        devices
+            .iter()
+            .any(|d| d["id"] == held.as_str() && d["mode"] == "spx"),
+        "GPU 3 stays"
+    );
+    w.kubelet
+        .wait_devices(Duration::from_secs(30), |d| d.len() == 57)
+        .await
+        .unwrap();
+
+    // And back to SPX everywhere (the holder is gone).
+    w.api.remove(Kind::Pod, "default", "holder");
+    let n = w.extra.len();
+    w.extra[n - 1] = "SPX".to_owned();
+    w.restart_plugin().await;
+    wait_register(&w.api, |d| {
+        d.len() == 8 && d.iter().all(|x| x["mode"] == "spx")
+    })
+    .await;
+    w.kubelet
+        .wait_devices(Duration::from_secs(30), |d| d.len() == 8)
+        .await
+        .unwrap();
+}
