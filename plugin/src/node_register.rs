@@ -76,6 +76,30 @@ fn add_profiles(info: &mut DeviceInfo, gpu: &GpuInfo) {
     }
 }
 
+/// Properties CRIU's amdgpu plugin compares at restore, as published; the
+/// others (`domain`, `drm_render_minor`, `hive_id`) differ per device anyway.
+const NOT_COMPARED: [&str; 3] = ["domain", "drm_render_minor", "hive_id"];
+
+/// `custominfo.criu`: the restore properties of the device's first partition
+/// (its partitions share them), non-zero ones only, so that a controller can
+/// pre-select nodes for a checkpoint without asking amd-gpud on each.
+fn add_restore_props(info: &mut DeviceInfo, snapshot: &Snapshot, gpu: &GpuInfo) {
+    let Some(first) = snapshot.partitions.get(&gpu.bdf).and_then(|p| p.first()) else {
+        return;
+    };
+    let props: serde_json::Map<String, serde_json::Value> = first
+        .restore_props
+        .iter()
+        .filter(|(k, v)| **v != 0 && !NOT_COMPARED.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), (*v).into()))
+        .collect();
+    if !props.is_empty() {
+        info.custominfo
+            .extra
+            .insert("criu".to_owned(), serde_json::Value::Object(props));
+    }
+}
+
 /// `cpx_nps1`.
 fn profile_name(compute: &str, memory: &str) -> String {
     format!(
@@ -145,6 +169,7 @@ pub fn annotation(
                 info.mode = gpu.compute_partition.to_ascii_lowercase();
             }
             add_profiles(&mut info, gpu);
+            add_restore_props(&mut info, snapshot, gpu);
             info
         })
         .collect();

@@ -83,6 +83,16 @@ async fn scenario() {
     );
     assert_eq!(devices[0]["custominfo"]["pciBDF"], "0000:05:00.0");
     assert!(devices[0]["type"].as_str().unwrap().starts_with("AMD"));
+    // What CRIU compares at restore, for pre-selecting nodes; and the
+    // partition profile menu of an Instinct GPU.
+    let criu = &devices[0]["custominfo"]["criu"];
+    assert_eq!(
+        (&criu["fw_version"], &criu["sdma_fw_version"]),
+        (&json!(177), &json!(24))
+    );
+    assert_eq!(criu["device_id"], 0x74a1);
+    assert!(criu.get("drm_render_minor").is_none());
+    assert_eq!(devices[0]["custominfo"]["partitionProfile"], "spx_nps1");
 
     // Nothing changes: several re-check intervals pass without a write.
     tokio::time::sleep(Duration::from_millis(500)).await;
