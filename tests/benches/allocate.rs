@@ -55,11 +55,16 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let kubelet = rt.block_on(FakeKubelet::start())?;
+    let hook_dir = root.path().join("usr/local/vgpu");
+    std::fs::create_dir_all(&hook_dir)?;
+    std::fs::write(hook_dir.join("libamvgpu.so"), b"placeholder")?;
     let args = [
         "--kube",
         &kubeconfig.display().to_string(),
         "--node-name",
         NODE,
+        "--hook-path",
+        &hook_dir.display().to_string(),
         "--log",
         "warn",
     ]

@@ -29,6 +29,7 @@ async fn scenario() {
     let mut w = world().await;
     quarters_of_one_gpu(&w).await;
     whole_gpu(&w).await;
+    missing_hook(&w).await;
     unknown_gpu(&w).await;
     preferred_follows_hami(&w).await;
     two_containers_across_a_plugin_restart(&mut w).await;
@@ -63,7 +64,8 @@ async fn quarters_of_one_gpu(w: &World) {
     assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-75");
     assert_eq!(answer.envs["HIP_DEVICE_MEMORY_LIMIT_0"], "49152m");
     assert_eq!(answer.envs["LD_AUDIT"], "/usr/local/vgpu/libamvgpu.so");
-    assert_eq!(answer.mounts[0].host_path, "/opt/hook/libamvgpu.so");
+    let hook = w.hook_dir().join("libamvgpu.so");
+    assert_eq!(answer.mounts[0].host_path, hook.display().to_string());
     assert!(answer.mounts[0].read_only);
     let paths: Vec<&str> = answer
         .devices
@@ -106,6 +108,29 @@ async fn whole_gpu(w: &World) {
     assert!(!answer.envs.contains_key("HSA_CU_MASK"));
     assert!(!answer.envs.contains_key("LD_AUDIT"));
     assert!(answer.mounts.is_empty());
+}
+
+/// Without the memory hook on the node a slice is refused (its memory limit
+/// would silently not apply); a whole GPU needs no hook.
+async fn missing_hook(w: &World) {
+    let (api, kubelet) = (&w.api, &w.kubelet);
+    let hook = w.hook_dir().join("libamvgpu.so");
+    std::fs::rename(&hook, hook.with_extension("away")).unwrap();
+    schedule(api, "no-hook", &[(&w.gpus[6], 1024, 38)], 150);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = kubelet
+        .allocate(vec![format!("{}#0", w.gpus[6].id)])
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("memory hook") && err.message().contains("libamvgpu.so"),
+        "{err:?}"
+    );
+    assert_eq!(
+        pod_annotation(api, "no-hook", "hami.io/bind-phase").as_deref(),
+        Some("failed")
+    );
+    std::fs::rename(hook.with_extension("away"), &hook).unwrap();
 }
 
 async fn unknown_gpu(w: &World) {

@@ -122,10 +122,19 @@ pub fn build(
     let mut envs: HashMap<String, String> = env.vars.into_iter().collect();
     let mut mounts = Vec::new();
     if slices.iter().any(Slice::sliced) {
+        let hook = config.hook_dir.join(HOOK_FILE);
+        if !hook.is_file() {
+            return Err(format!(
+                "the memory hook {} is missing (--hook-path, AMDGPU_DP_HOOK_PATH): a slice's \
+                 memory limit would silently not apply, so no slice is handed out; install the \
+                 hook on the node or request whole GPUs",
+                hook.display()
+            ));
+        }
         envs.insert("LD_AUDIT".to_owned(), HOOK_IN_CONTAINER.to_owned());
         mounts.push(Mount {
             container_path: HOOK_IN_CONTAINER.to_owned(),
-            host_path: config.hook_dir.join(HOOK_FILE).display().to_string(),
+            host_path: hook.display().to_string(),
             read_only: true,
         });
     }

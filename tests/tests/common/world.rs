@@ -106,6 +106,11 @@ pub struct World {
 }
 
 impl World {
+    /// The memory hook's directory passed to the plugin.
+    pub fn hook_dir(&self) -> std::path::PathBuf {
+        self._keep.0.path().join("usr/local/vgpu")
+    }
+
     /// The fake host root amd-gpud serves.
     pub fn root(&self) -> &std::path::Path {
         self._keep.0.path()
@@ -154,6 +159,15 @@ pub async fn world_on(fixture: &str, devices: usize) -> World {
     .await
 }
 
+/// The memory hook's directory on the fake host (Allocate refuses slices
+/// without it); a placeholder file is enough for the plugin.
+pub fn install_hook(root: &std::path::Path) -> String {
+    let dir = root.join("usr/local/vgpu");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("libamvgpu.so"), b"placeholder").unwrap();
+    dir.display().to_string()
+}
+
 /// What [`world_with`] varies.
 pub struct Setup<'a> {
     pub fixture: &'a str,
@@ -171,6 +185,7 @@ pub struct Setup<'a> {
 pub async fn world_with(setup: &Setup<'_>) -> World {
     let root = super::build_fixture(setup.fixture);
     (setup.prepare)(root.path());
+    let hook_dir = install_hook(root.path());
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let fake_node = super::fake_node_exe();
     let gpud = stack::gpud_with(&fake_node, &bus, root.path(), 0, setup.gpud_args).unwrap();
@@ -184,7 +199,7 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
         "--node-name",
         NODE,
         "--hook-path",
-        "/opt/hook",
+        hook_dir.as_str(),
     ];
     let mut extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
     extra.extend_from_slice(setup.plugin_args);
