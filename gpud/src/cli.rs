@@ -107,8 +107,27 @@ pub struct ServeArgs {
     /// besides root.
     #[arg(long, env = "GPUD_PLUGIN_UID", default_value_t = ipc::PLUGIN_UID, value_name = "UID")]
     pub plugin_uid: u32,
+    /// Keep giving the plugin's UID what it needs in kubelet's root-owned
+    /// device-plugin and pod-resources directories (a POSIX ACL entry on
+    /// each directory and `kubelet.sock`, checked again every few seconds so
+    /// that a kubelet restart's new socket gets it too); `off` leaves them
+    /// alone (a plugin running as root does not need it).
+    #[arg(
+        long,
+        env = "GPUD_KUBELET_SOCKET_ACCESS",
+        value_enum,
+        default_value_t = SocketAccess::On
+    )]
+    pub kubelet_socket_access: SocketAccess,
     #[command(flatten)]
     pub dmem: DmemArgs,
+}
+
+/// `--kubelet-socket-access`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SocketAccess {
+    On,
+    Off,
 }
 
 /// Hard VRAM caps through the dmem cgroup controller.
@@ -315,8 +334,11 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
 /// # Errors
 /// When the service cannot start or loses the bus or its name.
 pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
+    let paths = args.host.host_paths();
+    let access = (args.kubelet_socket_access == SocketAccess::On)
+        .then(|| crate::access::kubelet_targets(&paths));
     let config = ServiceConfig {
-        paths: args.host.host_paths(),
+        paths,
         amdsmi: args.host.amdsmi_config(helper),
         allowed_uids: vec![0, args.plugin_uid],
         dmem: args.dmem.config(),
@@ -329,8 +351,18 @@ pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let plugin_uid = args.plugin_uid;
     runtime
-        .block_on(crate::dbus::serve(Service::new(config), bus, rescan))
+        .block_on(async move {
+            if let Some(targets) = access {
+                tokio::spawn(crate::access::keep(
+                    targets,
+                    plugin_uid,
+                    Duration::from_secs(2),
+                ));
+            }
+            crate::dbus::serve(Service::new(config), bus, rescan).await
+        })
         .context("amd-gpud serve")
 }
 

@@ -3,6 +3,7 @@
 //! It alone touches the hardware and the host. This library holds the whole
 //! daemon so tests run it in-process; `main.rs` only parses the command line.
 
+pub mod access;
 pub mod amdsmi;
 pub mod cli;
 pub mod dbus;
