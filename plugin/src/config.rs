@@ -5,7 +5,7 @@ use std::{path::PathBuf, str::FromStr};
 
 use clap::Parser;
 
-use crate::{allocator::Policy, partition::OperatingMode};
+use crate::{allocator::Policy, partition::OperatingMode, sandbox::SandboxMode};
 
 /// Default kubelet device-plugin directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
@@ -104,6 +104,11 @@ pub struct Cli {
     /// that offers it is switched to at start, through amd-gpud; unset: none.
     #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE")]
     pub compute_partition: Option<String>,
+    /// The landlock sandbox the plugin puts itself in after start-up:
+    /// `best-effort` (what the kernel supports, logged), `required` (anything
+    /// less than full enforcement is an error), `off`.
+    #[arg(long, env = "AMDGPU_DP_SANDBOX", default_value = "best-effort", value_parser = SandboxMode::from_str)]
+    pub sandbox: SandboxMode,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,

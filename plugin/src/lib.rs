@@ -17,6 +17,7 @@ pub mod kube;
 pub mod kubelet;
 pub mod node_register;
 pub mod partition;
+pub mod sandbox;
 pub mod switcher;
 pub mod vram;
 
@@ -58,21 +59,65 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
 /// When the runtime or the plugin socket cannot be set up.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing(&cli.log);
+    // The configuration is read and the sandbox applied on this one thread,
+    // before the runtime starts any other: landlock binds the calling thread
+    // and those it starts later.
+    let kube_config = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the configuration runtime")?
+        .block_on(kube::config(&cli.kube))?;
+    let plan = sandbox_plan(&cli, kube_config.as_ref());
+    sandbox::apply(&plan, cli.sandbox).context("applying the landlock sandbox")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(cli))?;
+    runtime.block_on(serve(cli, kube_config))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the plugin may touch: the kubelet directory read-write, everything
+/// else it names read-only, the API server's port.
+fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Plan {
+    let mut read: Vec<std::path::PathBuf> = [
+        // In-cluster credentials (the token is re-read as it rotates), CA
+        // bundles, name resolution, D-Bus's machine id.
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "/etc/ssl",
+        "/etc/ca-certificates",
+        "/etc/resolv.conf",
+        "/etc/hosts",
+        "/etc/nsswitch.conf",
+        "/etc/machine-id",
+        "/var/lib/dbus/machine-id",
+    ]
+    .into_iter()
+    .map(std::path::PathBuf::from)
+    .collect();
+    read.push(cli.hook_path.clone());
+    read.extend(
+        cli.pod_resources()
+            .and_then(|p| p.parent().map(std::path::Path::to_path_buf)),
+    );
+    if let config::KubeAccess::Kubeconfig(path) = &cli.kube {
+        read.push(path.clone());
+    }
+    sandbox::Plan {
+        read,
+        write: vec![cli.kubelet_dir.clone(), "/dev/null".into()],
+        connect: kube_config.map(kube::api_port).into_iter().collect(),
+        bind: Vec::new(),
+    }
 }
 
 /// The plugin's main task: follow amd-gpud, keep the device table, serve kubelet.
 ///
 /// # Errors
 /// When the plugin socket cannot be bound or the signal handlers installed.
-pub async fn serve(cli: Cli) -> anyhow::Result<()> {
-    let client = kube::client(&cli.kube).await?;
+pub async fn serve(cli: Cli, kube_config: Option<::kube::Config>) -> anyhow::Result<()> {
+    let client = kube_config.map(kube::client).transpose()?;
     if client.is_some() && cli.node_name.is_empty() {
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }

@@ -53,7 +53,12 @@ fn plugin_as_uid(bus: &PrivateBus, kubelet_dir: &Path) -> Process {
         .arg(&bus.address)
         .arg("--kubelet-dir")
         .arg(kubelet_dir)
-        .args(["--pod-resources-socket", "none"])
+        .args([
+            "--pod-resources-socket",
+            "none",
+            "--sandbox",
+            common::sandbox_mode(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

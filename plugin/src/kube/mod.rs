@@ -42,11 +42,11 @@ pub enum KubeError {
     NoNodeName(String),
 }
 
-/// The client `access` asks for; `None` for `--kube none`.
+/// The client configuration `access` asks for; `None` for `--kube none`.
 ///
 /// # Errors
 /// When the configuration cannot be found or read.
-pub async fn client(access: &KubeAccess) -> Result<Option<Client>, KubeError> {
+pub async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
     let mut config = match access {
         KubeAccess::None => return Ok(None),
         KubeAccess::Auto => Config::infer().await.map_err(KubeError::Infer)?,
@@ -54,9 +54,27 @@ pub async fn client(access: &KubeAccess) -> Result<Option<Client>, KubeError> {
     };
     config.connect_timeout = Some(CALL_TIMEOUT);
     config.write_timeout = Some(CALL_TIMEOUT);
-    Client::try_from(config)
-        .map(Some)
-        .map_err(KubeError::Client)
+    Ok(Some(config))
+}
+
+/// A client for `config` (inside the async runtime).
+///
+/// # Errors
+/// When the client cannot be built.
+pub fn client(config: Config) -> Result<Client, KubeError> {
+    Client::try_from(config).map_err(KubeError::Client)
+}
+
+/// The API server's TCP port in `config` (the scheme's default when the URL
+/// names none).
+pub fn api_port(config: &Config) -> u16 {
+    let url = &config.cluster_url;
+    url.port_u16()
+        .unwrap_or(if url.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        })
 }
 
 async fn from_file(path: &Path) -> Result<Config, KubeError> {

@@ -198,3 +198,15 @@ pub fn run_async<F: std::future::Future<Output = ()>>(limit: Duration, body: F) 
             .expect("test timed out");
     });
 }
+
+/// `--sandbox required` where this kernel enforces the whole landlock
+/// sandbox (the end-to-end tests then prove the plugin works inside it),
+/// else `best-effort`.
+pub fn sandbox_mode() -> &'static str {
+    if plugin::sandbox::probe() == plugin::sandbox::Enforcement::Full {
+        "required"
+    } else {
+        eprintln!("landlock is not fully available here: the plugin runs best-effort");
+        "best-effort"
+    }
+}

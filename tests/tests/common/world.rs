@@ -200,6 +200,8 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
         NODE,
         "--hook-path",
         hook_dir.as_str(),
+        "--sandbox",
+        super::sandbox_mode(),
     ];
     let mut extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
     extra.extend_from_slice(setup.plugin_args);
