@@ -1,0 +1,668 @@
+#!/usr/bin/env python3
+"""CI checks of the amd-gpu Helm chart (helm/amd-gpu), run by .ci/chart-check.
+
+Offline: Helm's own Go library (helm-python-sdk, module helm_python, which
+bundles libhelm_c.so) lints and renders the chart, and kubernetes-validate
+checks every rendered object against the bundled OpenAPI schemas of concrete
+Kubernetes versions. No helm binary and no cluster.
+
+For the default values and for ci/all-features-values.yaml (every optional
+feature on), it checks:
+  1. the values against values.schema.json, and `helm lint --strict`;
+  2. every object, rendered for a cluster of each version in KUBE_VERSIONS,
+     against that version's schemas (strict: unknown fields fail);
+  3. the expected set of objects, the plugin's environment (each value maps
+     to its variable), the RBAC rules (exactly what the code needs), the pod
+     hardening beyond PSS (read-only root, token mounted, no user namespace,
+     HAMi's webhook label, probes on the metrics port);
+  4. the DaemonSet's pod template against Pod Security "restricted" (and so
+     "baseline"), implemented below from the PSS spec: the only violations
+     allowed are the hostPath volumes named in helm/amd-gpu/pss-exceptions.txt,
+     and every name there must still be a hostPath volume (no stale entry).
+Self-tests prove the checks bite: values the schema must reject; the policy
+refusing to render for Kubernetes < 1.30; podLabels that would override the
+chart's labels; a render of the chart with its schema removed and runAsUser 0;
+the rendered DaemonSet with one bad override at a time (privileged, an extra
+hostPath, host namespaces, ...), each of which the PSS check must reject with
+the expected control; and a stale and a missing exception.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import shutil
+import sys
+import tempfile
+from typing import Any, Callable
+
+import helm_python as helm
+from helm_python import _native
+import kubernetes_validate
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "amd-gpu"
+EXCEPTIONS_FILE = CHART / "pss-exceptions.txt"
+RELEASE = "amd-gpu"
+NAMESPACE = "kube-system"
+# 1.30: the oldest with admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy
+# (the optional policy needs it); 1.31: a current release.
+KUBE_VERSIONS = ["1.30.0", "1.31.0"]
+LINT_KUBE_VERSION = "v1.31.0"
+
+PASSED: list[str] = []
+FAILED: list[str] = []
+
+
+def ok(what: str) -> None:
+    PASSED.append(what)
+    print(f"  ok    {what}")
+
+
+def bad(what: str) -> None:
+    FAILED.append(what)
+    print(f"  FAIL  {what}")
+
+
+def check(cond: bool, what: str, detail: str = "") -> bool:
+    if cond:
+        ok(what)
+    else:
+        bad(f"{what}{': ' + detail if detail else ''}")
+    return cond
+
+
+# --------------------------------------------------------------------------
+# Pod Security Standards, "restricted" profile (which includes "baseline").
+# https://kubernetes.io/docs/concepts/security/pod-security-standards/
+# --------------------------------------------------------------------------
+
+BASELINE_CAPS = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}
+RESTRICTED_ADD_CAPS = {"NET_BIND_SERVICE"}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes",
+}
+SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+RESTRICTED_VOLUME_TYPES = {
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+    "persistentVolumeClaim", "projected", "secret",
+}
+SECCOMP_OK = {"RuntimeDefault", "Localhost"}
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+
+# Every control the check covers, printed so the log says what was checked.
+PSS_CONTROLS = [
+    "baseline/hostProcess", "baseline/hostNamespaces", "baseline/privileged",
+    "baseline/capabilities", "baseline/hostPathVolumes", "baseline/hostPorts",
+    "baseline/appArmor", "baseline/seLinux", "baseline/procMount",
+    "baseline/seccomp", "baseline/sysctls", "restricted/volumeTypes",
+    "restricted/allowPrivilegeEscalation", "restricted/runAsNonRoot",
+    "restricted/runAsUser", "restricted/seccomp", "restricted/capabilities",
+]
+
+
+class Violation:
+    def __init__(self, control: str, detail: str, volume: str | None = None):
+        self.control, self.detail, self.volume = control, detail, volume
+
+    def __repr__(self) -> str:
+        return f"{self.control}: {self.detail}"
+
+
+def pss_violations(template: dict[str, Any]) -> list[Violation]:
+    """Checks a pod template (metadata + spec) against PSS restricted."""
+    meta = template.get("metadata") or {}
+    spec = template.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    psc = spec.get("securityContext") or {}
+    out: list[Violation] = []
+
+    def add(control: str, detail: str, volume: str | None = None) -> None:
+        out.append(Violation(control, detail, volume))
+
+    containers = [
+        (kind, c)
+        for kind in ("containers", "initContainers", "ephemeralContainers")
+        for c in spec.get(kind) or []
+    ]
+
+    # baseline/hostProcess
+    if (psc.get("windowsOptions") or {}).get("hostProcess"):
+        add("baseline/hostProcess", "spec.securityContext.windowsOptions.hostProcess")
+    # baseline/hostNamespaces
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(field):
+            add("baseline/hostNamespaces", f"spec.{field}=true")
+    # baseline/sysctls
+    for sysctl in psc.get("sysctls") or []:
+        if sysctl.get("name") not in SAFE_SYSCTLS:
+            add("baseline/sysctls", f"unsafe sysctl {sysctl.get('name')}")
+    # baseline/seLinux (pod level)
+    def selinux(opts: dict[str, Any] | None, where: str) -> None:
+        opts = opts or {}
+        if opts.get("type", "") not in SELINUX_TYPES:
+            add("baseline/seLinux", f"{where}.seLinuxOptions.type={opts.get('type')}")
+        for field in ("user", "role"):
+            if opts.get(field):
+                add("baseline/seLinux", f"{where}.seLinuxOptions.{field} is set")
+    selinux(psc.get("seLinuxOptions"), "spec.securityContext")
+    # baseline/appArmor (pod level field and the annotations)
+    def apparmor(profile: dict[str, Any] | None, where: str) -> None:
+        if profile and profile.get("type") not in ("RuntimeDefault", "Localhost"):
+            add("baseline/appArmor", f"{where}.appArmorProfile.type={profile.get('type')}")
+    apparmor(psc.get("appArmorProfile"), "spec.securityContext")
+    for key, value in annotations.items():
+        if key.startswith(APPARMOR_ANNOTATION):
+            if value != "runtime/default" and not str(value).startswith("localhost/"):
+                add("baseline/appArmor", f"annotation {key}={value}")
+    # baseline/seccomp and restricted/seccomp (pod level; legacy annotation too)
+    pod_seccomp = (psc.get("seccompProfile") or {}).get("type")
+    if pod_seccomp == "Unconfined":
+        add("baseline/seccomp", "spec.securityContext.seccompProfile.type=Unconfined")
+    for key in ("seccomp.security.alpha.kubernetes.io/pod",):
+        if annotations.get(key) == "unconfined":
+            add("baseline/seccomp", f"annotation {key}=unconfined")
+    # runAsNonRoot / runAsUser (pod level)
+    pod_non_root = psc.get("runAsNonRoot")
+    if pod_non_root is False:
+        add("restricted/runAsNonRoot", "spec.securityContext.runAsNonRoot=false")
+    if psc.get("runAsUser") == 0:
+        add("restricted/runAsUser", "spec.securityContext.runAsUser=0")
+
+    # volumes
+    for vol in spec.get("volumes") or []:
+        name = vol.get("name")
+        kinds = set(vol) - {"name"}
+        if "hostPath" in kinds:
+            add("baseline/hostPathVolumes", f"volume {name} is hostPath {vol['hostPath'].get('path')}", name)
+        if not kinds or not kinds <= RESTRICTED_VOLUME_TYPES:
+            add("restricted/volumeTypes", f"volume {name} has type {sorted(kinds)}", name)
+
+    # containers
+    for kind, c in containers:
+        where = f"spec.{kind}[{c.get('name')}]"
+        sc = c.get("securityContext") or {}
+        if (sc.get("windowsOptions") or {}).get("hostProcess"):
+            add("baseline/hostProcess", f"{where}.securityContext.windowsOptions.hostProcess")
+        if sc.get("privileged"):
+            add("baseline/privileged", f"{where}.securityContext.privileged=true")
+        caps = sc.get("capabilities") or {}
+        for cap in caps.get("add") or []:
+            if cap not in BASELINE_CAPS:
+                add("baseline/capabilities", f"{where} adds {cap}")
+            if cap not in RESTRICTED_ADD_CAPS:
+                add("restricted/capabilities", f"{where} adds {cap} (only NET_BIND_SERVICE allowed)")
+        if "ALL" not in (caps.get("drop") or []):
+            add("restricted/capabilities", f"{where} does not drop ALL")
+        for port in c.get("ports") or []:
+            if port.get("hostPort"):
+                add("baseline/hostPorts", f"{where} hostPort {port['hostPort']}")
+        selinux(sc.get("seLinuxOptions"), f"{where}.securityContext")
+        apparmor(sc.get("appArmorProfile"), f"{where}.securityContext")
+        if sc.get("procMount", "Default") != "Default":
+            add("baseline/procMount", f"{where}.securityContext.procMount={sc['procMount']}")
+        c_seccomp = (sc.get("seccompProfile") or {}).get("type")
+        if c_seccomp == "Unconfined":
+            add("baseline/seccomp", f"{where}.securityContext.seccompProfile.type=Unconfined")
+        if c_seccomp is not None and c_seccomp not in SECCOMP_OK:
+            add("restricted/seccomp", f"{where}.securityContext.seccompProfile.type={c_seccomp}")
+        if c_seccomp is None and pod_seccomp not in SECCOMP_OK:
+            add("restricted/seccomp", f"{where} has no RuntimeDefault/Localhost seccomp profile (nor the pod)")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            add("restricted/allowPrivilegeEscalation", f"{where}.securityContext.allowPrivilegeEscalation is not false")
+        c_non_root = sc.get("runAsNonRoot")
+        if c_non_root is False or (c_non_root is None and pod_non_root is not True):
+            add("restricted/runAsNonRoot", f"{where} may run as root (runAsNonRoot not true)")
+        if sc.get("runAsUser") == 0:
+            add("restricted/runAsUser", f"{where}.securityContext.runAsUser=0")
+    return out
+
+
+def read_exceptions() -> list[str]:
+    names = []
+    for line in EXCEPTIONS_FILE.read_text().splitlines():
+        text = line.split("#", 1)[0].strip()
+        if text:
+            names.append(text.split()[0])
+    return names
+
+
+def pss_verdict(template: dict[str, Any], exceptions: list[str]
+                ) -> tuple[list[Violation], list[Violation], list[str]]:
+    """The violations an exception covers, those it does not, and the stale
+    exceptions (names that are not a hostPath volume of the template)."""
+    host_paths = {
+        v["name"] for v in (template.get("spec") or {}).get("volumes") or [] if "hostPath" in v
+    }
+    allowed_controls = {"baseline/hostPathVolumes", "restricted/volumeTypes"}
+    allowed, unexpected = [], []
+    for v in pss_violations(template):
+        covered = v.control in allowed_controls and v.volume in exceptions and v.volume in host_paths
+        (allowed if covered else unexpected).append(v)
+    stale = [name for name in exceptions if name not in host_paths]
+    return allowed, unexpected, stale
+
+
+# --------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------
+
+def render(chart: helm.Chart, values: dict[str, Any] | None,
+           kube_version: str | None = None) -> list[dict[str, Any]]:
+    """Renders like `helm template`; with kube_version, as for a cluster of that
+    version (.Capabilities.KubeVersion). Chart.render() has no such option, so
+    that case calls the library's helm_render with the render option
+    kube_version that libhelm_c accepts (private API of helm-python-sdk 0.2.2,
+    hence the pinned version in .ci/chart-check)."""
+    if kube_version is None:
+        manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    else:
+        opts = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True,
+                "kube_version": f"v{kube_version}"}
+        manifests = json.loads(_native.call_string(
+            "helm_render", chart._raw(), None if values is None else json.dumps(values),
+            json.dumps(opts)))
+    objects = []
+    for path, text in sorted(manifests.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                doc.setdefault("__source", path)
+                objects.append(doc)
+    return objects
+
+
+def strip(obj: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in obj.items() if k != "__source"}
+
+
+def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def deep_merge(base: Any, patch: Any) -> Any:
+    """Merges patch into base; lists merge item by item (like a strategic
+    merge of containers by position), so a patch can touch one container."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = deep_merge(base[key], value) if key in base else copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(patch, list):
+        merged = list(base)
+        for i, value in enumerate(patch):
+            if i < len(merged):
+                merged[i] = deep_merge(merged[i], value)
+            else:
+                merged.append(copy.deepcopy(value))
+        return merged
+    return copy.deepcopy(patch)
+
+
+# --------------------------------------------------------------------------
+# Checks of one value set
+# --------------------------------------------------------------------------
+
+EXPECTED_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
+    dp = values["dp"]
+    kubelet = values["kubeletRootDir"]
+    return {
+        "NODE_NAME": None,  # downward API, checked separately
+        "AMDGPU_DP_KUBE": "auto",
+        "AMDGPU_DP_SPLIT_COUNT": str(dp["splitCount"]),
+        "AMDGPU_DP_ALLOCATOR_POLICY": dp["allocatorPolicy"],
+        "AMDGPU_DP_DMEM_BACKEND": dp["dmemBackend"],
+        "AMDGPU_DP_CDI": "true" if dp["cdi"]["enabled"] else "false",
+        "AMDGPU_DP_HEALTH_PULSE": str(dp["healthPulse"]),
+        "OPERATING_MODE": dp["operatingMode"],
+        **({"COMPUTE_PARTITION": dp["computePartition"]} if dp["computePartition"] else {}),
+        "AMDGPU_DP_SANDBOX": dp["sandbox"],
+        "AMDGPU_DP_METRICS_ADDRESS": f"0.0.0.0:{dp['metrics']['port']}",
+        "AMDGPU_DP_LOG": dp["logLevel"],
+        "AMDGPU_DP_HOOK_PATH": values["hostHookPath"],
+        "AMDGPU_DP_KUBELET_DIR": f"{kubelet}/device-plugins",
+        "AMDGPU_DP_POD_RESOURCES_SOCKET": f"{kubelet}/pod-resources/kubelet.sock",
+        "AMDGPU_DP_BUS_ADDRESS": f"unix:path={values['dbusSocketDir']}/system_bus_socket",
+    }
+
+
+def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | None,
+                    exceptions: list[str]) -> dict[str, Any] | None:
+    print(f"\n== value set '{label}'")
+    values = chart.merge_values(overrides)
+    try:
+        chart.validate_schema(overrides)
+        ok("values match values.schema.json")
+    except helm.HelmError as err:
+        bad(f"values do not match the schema: {err}")
+        return None
+
+    report = helm.lint(CHART, overrides, strict=True, namespace=NAMESPACE,
+                       kube_version=LINT_KUBE_VERSION)
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + [
+        {"severity": 3, "path": "", "error": e} for e in report["errors"]
+    ]
+    for m in report["messages"]:
+        if m["severity"] < 2:
+            print(f"        lint info: {m['path']}: {m['error']}")
+    check(not problems, f"helm lint --strict (kube {LINT_KUBE_VERSION})", str(problems))
+
+    try:
+        objects = render(chart, overrides)
+    except helm.HelmError as err:
+        bad(f"render failed: {err}")
+        return None
+    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects)
+    print(f"        rendered: {', '.join(kinds)}")
+
+    # Kubernetes schemas, strict (unknown fields are errors), each on a render
+    # for a cluster of that version.
+    for version in KUBE_VERSIONS:
+        errors = []
+        try:
+            versioned = render(chart, overrides, version)
+        except helm.HelmError as err:
+            bad(f"render for Kubernetes {version} failed: {err}")
+            continue
+        check(sorted(map(strip, versioned), key=repr) == sorted(map(strip, objects), key=repr),
+              f"the render for Kubernetes {version} equals the default render")
+        for obj in versioned:
+            try:
+                kubernetes_validate.validate(strip(obj), version, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                path = ".".join(str(p) for p in err.path)
+                errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {err.message}")
+            except kubernetes_validate.SchemaNotFoundError as err:
+                errors.append(f"{obj['kind']}/{obj['metadata']['name']}: no schema: {err.message}")
+        check(not errors, f"{len(versioned)} objects valid against Kubernetes {version} (strict)",
+              "; ".join(errors))
+
+    # The objects.
+    vap = values["validatingAdmissionPolicy"]["enabled"]
+    want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1,
+            "ValidatingAdmissionPolicy": 2 if vap else 0,
+            "ValidatingAdmissionPolicyBinding": 2 if vap else 0}
+    have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
+    extra = sorted({o["kind"] for o in objects} - set(want))
+    check(have == want and not extra, "the expected objects and no others",
+          f"have {have}, extra {extra}")
+    for obj in objects:
+        if obj["kind"] in ("ServiceAccount", "DaemonSet"):
+            check(obj["metadata"].get("namespace") == NAMESPACE,
+                  f"{obj['kind']} is in the release namespace")
+
+    ds = one(objects, "DaemonSet")
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    sa = one(objects, "ServiceAccount")["metadata"]["name"]
+    sa_user = f"system:serviceaccount:{NAMESPACE}:{sa}"
+
+    # RBAC: exactly what the code needs, bound to the plugin's ServiceAccount.
+    role = one(objects, "ClusterRole")
+    check(role["rules"] == EXPECTED_RULES, "ClusterRole has exactly the rules the plugin needs",
+          str(role["rules"]))
+    binding = one(objects, "ClusterRoleBinding")
+    check(binding["roleRef"]["name"] == role["metadata"]["name"]
+          and binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}],
+          "ClusterRoleBinding binds the ClusterRole to the plugin's ServiceAccount only")
+    check(spec.get("serviceAccountName") == sa, "the pod runs as the chart's ServiceAccount")
+
+    # The policies, when on.
+    if vap:
+        policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+        bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+        resources = sorted(r for p in policies
+                           for rule in p["spec"]["matchConstraints"]["resourceRules"]
+                           for r in rule["resources"])
+        check(resources == ["nodes", "pods"], "policies cover nodes and pods", str(resources))
+        check(all(r["operations"] == ["UPDATE"] for p in policies
+                  for r in p["spec"]["matchConstraints"]["resourceRules"]),
+              "policies match UPDATE (PATCH) only")
+        check(all(p["spec"]["failurePolicy"] == "Fail" for p in policies), "policies fail closed")
+        check(all(sa_user in p["spec"]["matchConditions"][0]["expression"] for p in policies),
+              f"policies match only {sa_user}")
+        check(all("authentication.kubernetes.io/node-name" in v["expression"]
+                  for p in policies for v in p["spec"]["variables"] if v["name"] == "userNode"),
+              "policies take the node from the token's node-name extra")
+        check(sorted(b["spec"]["policyName"] for b in bindings)
+              == sorted(p["metadata"]["name"] for p in policies)
+              and all(b["spec"]["validationActions"] == ["Deny"] for b in bindings),
+              "each policy has a binding with validationActions [Deny]")
+
+    # The plugin's environment.
+    container = spec["containers"][0]
+    env = {e["name"]: e for e in container.get("env") or []}
+    want_env = expected_env(values)
+    check(set(env) == set(want_env), "the container's variables are exactly the expected ones",
+          f"missing {sorted(set(want_env) - set(env))}, extra {sorted(set(env) - set(want_env))}")
+    wrong = {k: (env[k].get("value"), v) for k, v in want_env.items()
+             if v is not None and k in env and env[k].get("value") != v}
+    check(not wrong, "each value maps to its variable", str(wrong))
+    check(env.get("NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+          == "spec.nodeName", "NODE_NAME comes from the downward API (spec.nodeName)")
+    check(not container.get("args") and not container.get("command"),
+          "the container gets no arguments")
+
+    # Hardening the PSS check does not cover.
+    csc = container.get("securityContext") or {}
+    psc = spec.get("securityContext") or {}
+    check(csc.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem")
+    check(psc.get("runAsUser") == csc.get("runAsUser") == values["runAsUser"]
+          and psc.get("runAsGroup") == csc.get("runAsGroup") == values["runAsGroup"],
+          f"runs as {values['runAsUser']}:{values['runAsGroup']} (the amdgpu-plugin user)")
+    check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault"
+          and csc.get("seccompProfile", {}).get("type") == "RuntimeDefault",
+          "seccomp RuntimeDefault at pod and container level")
+    check(spec.get("automountServiceAccountToken") is True, "the pod mounts its API token")
+    check(spec.get("hostUsers", True) is True, "no user namespace (hostUsers not false)")
+    check(template["metadata"]["labels"].get("hami.io/webhook") == "ignore",
+          "pods carry hami.io/webhook=ignore (HAMi's webhook skips them)")
+    port = values["dp"]["metrics"]["port"]
+    check([p.get("containerPort") for p in container.get("ports") or []] == [port]
+          and not any(p.get("hostPort") for p in container.get("ports") or []),
+          f"one containerPort {port} (metrics), no hostPort")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (container.get(probe) or {}).get("httpGet") or {}
+        check(get.get("path") == path and get.get("port") in ("metrics", port),
+              f"{probe} GET {path} on the metrics port")
+    mounts = {m["name"]: m for m in container.get("volumeMounts") or []}
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    want_mounts = {
+        "device-plugins": (f"{values['kubeletRootDir']}/device-plugins", False),
+        "pod-resources": (f"{values['kubeletRootDir']}/pod-resources", True),
+        "dbus": (values["dbusSocketDir"], True),
+        "vgpu-hook": (values["hostHookPath"], True),
+    }
+    have_mounts = {
+        name: (volumes.get(name, {}).get("hostPath", {}).get("path"), bool(m.get("readOnly")))
+        for name, m in mounts.items()
+    }
+    check(have_mounts == want_mounts and set(volumes) == set(want_mounts),
+          "hostPath volumes and mounts: device-plugins rw; pod-resources, dbus, vgpu-hook ro",
+          f"{have_mounts}")
+    check(all(mounts[n]["mountPath"] == volumes[n]["hostPath"]["path"] for n in mounts if n in volumes),
+          "each host directory is mounted at its host path")
+
+    # Pod Security "restricted".
+    allowed, unexpected, stale = pss_verdict(template, exceptions)
+    print(f"        PSS restricted controls checked: {', '.join(PSS_CONTROLS)}")
+    for v in allowed:
+        print(f"        allowed by pss-exceptions.txt: {v}")
+    check(not unexpected, "Pod Security restricted: no violation beyond pss-exceptions.txt",
+          "; ".join(map(repr, unexpected)))
+    check(not stale, "pss-exceptions.txt has no stale entry", str(stale))
+    return ds
+
+
+# --------------------------------------------------------------------------
+# Self-tests: the checks must reject what they are meant to reject.
+# --------------------------------------------------------------------------
+
+BAD_VALUES = [
+    {"bogus": 1},
+    {"dp": {"bogus": 1}},
+    {"dp": {"allocatorPolicy": "binpack"}},
+    {"dp": {"dmemBackend": "yes"}},
+    {"dp": {"operatingMode": "Partition"}},
+    {"dp": {"computePartition": "cpx"}},
+    {"dp": {"sandbox": "maybe"}},
+    {"dp": {"cdi": {"enabled": "true"}}},
+    {"dp": {"metrics": {"port": 80}}},
+    {"dp": {"splitCount": -1}},
+    {"runAsUser": 0},
+    {"hostHookPath": "usr/local/vgpu"},
+    {"kubeletRootDir": "/var/lib/../kubelet"},
+    {"dbusSocketDir": "/run/dbus/"},
+    {"validatingAdmissionPolicy": {"enabled": True, "mode": "warn"}},
+    {"securityContext": {"privileged": True}},
+]
+
+def merged(patch: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda template: deep_merge(template, patch)
+
+
+def with_container(patch: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The patch merged into the plugin container (the first one)."""
+    return merged({"spec": {"containers": [patch]}})
+
+
+def extra_host_path(template: dict[str, Any]) -> dict[str, Any]:
+    broken = copy.deepcopy(template)
+    broken["spec"]["volumes"].append({"name": "sys", "hostPath": {"path": "/sys"}})
+    broken["spec"]["containers"][0]["volumeMounts"].append({"name": "sys", "mountPath": "/sys"})
+    return broken
+
+
+BAD_OVERRIDES: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
+    ("privileged: true", "baseline/privileged", with_container({"securityContext": {"privileged": True}})),
+    ("an extra hostPath volume (/sys)", "baseline/hostPathVolumes", extra_host_path),
+    ("hostNetwork", "baseline/hostNamespaces", merged({"spec": {"hostNetwork": True}})),
+    ("hostPID", "baseline/hostNamespaces", merged({"spec": {"hostPID": True}})),
+    ("hostIPC", "baseline/hostNamespaces", merged({"spec": {"hostIPC": True}})),
+    ("a hostPort", "baseline/hostPorts", with_container({"ports": [{"hostPort": 9400}]})),
+    ("capability SYS_ADMIN", "baseline/capabilities", with_container({"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}})),
+    ("capability CHOWN (allowed by baseline only)", "restricted/capabilities",
+     with_container({"securityContext": {"capabilities": {"add": ["CHOWN"]}}})),
+    ("no drop ALL", "restricted/capabilities", with_container({"securityContext": {"capabilities": {"drop": ["NET_RAW"]}}})),
+    ("allowPrivilegeEscalation true", "restricted/allowPrivilegeEscalation", with_container({"securityContext": {"allowPrivilegeEscalation": True}})),
+    ("runAsNonRoot false", "restricted/runAsNonRoot", with_container({"securityContext": {"runAsNonRoot": False}})),
+    ("runAsUser 0", "restricted/runAsUser", merged({"spec": {"securityContext": {"runAsUser": 0}}})),
+    ("seccomp Unconfined", "baseline/seccomp", with_container({"securityContext": {"seccompProfile": {"type": "Unconfined"}}})),
+    ("an unsafe sysctl", "baseline/sysctls", merged({"spec": {"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}})),
+    ("AppArmor Unconfined", "baseline/appArmor", merged({"spec": {"securityContext": {"appArmorProfile": {"type": "Unconfined"}}}})),
+    ("the AppArmor unconfined annotation", "baseline/appArmor",
+     merged({"metadata": {"annotations": {APPARMOR_ANNOTATION + "amd-device-plugin": "unconfined"}}})),
+    ("an SELinux custom type", "baseline/seLinux", with_container({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}})),
+    ("procMount Unmasked", "baseline/procMount", with_container({"securityContext": {"procMount": "Unmasked"}})),
+    ("an init container running as root", "restricted/runAsUser",
+     merged({"spec": {"initContainers": [{"name": "init", "image": "busybox",
+                                          "securityContext": {"runAsUser": 0}}]}})),
+]
+
+
+def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> None:
+    print("\n== self-tests: the checks must reject bad input")
+    for values in BAD_VALUES:
+        try:
+            chart.validate_schema(values)
+            bad(f"schema accepted {values}")
+        except helm.HelmValuesError:
+            ok(f"schema rejects {values}")
+
+    try:
+        render(chart, {"runAsUser": 0})
+        bad("the chart renders with runAsUser 0")
+    except helm.HelmValuesError:
+        ok("the chart refuses to render with runAsUser 0 (schema)")
+
+    # A render through the chart with its schema removed: runAsUser 0 reaches
+    # the DaemonSet, and the PSS check must catch it.
+    with tempfile.TemporaryDirectory() as tmp:
+        copy_dir = pathlib.Path(tmp) / "amd-gpu"
+        shutil.copytree(CHART, copy_dir)
+        (copy_dir / "values.schema.json").unlink()
+        with helm.Chart.load(copy_dir) as unchecked:
+            objs = render(unchecked, {"runAsUser": 0, "runAsGroup": 0})
+        template = one(objs, "DaemonSet")["spec"]["template"]
+        unexpected = pss_verdict(template, exceptions)[1]
+        check(any(v.control == "restricted/runAsUser" for v in unexpected),
+              "render with runAsUser 0 (schema removed) fails the PSS check",
+              "; ".join(map(repr, unexpected)))
+
+    for version in ("1.29.0", "1.25.0"):
+        try:
+            render(chart, {"validatingAdmissionPolicy": {"enabled": True}}, version)
+            bad(f"the admission policy renders for Kubernetes {version}")
+        except helm.HelmRenderError as err:
+            check("needs Kubernetes 1.30" in str(err),
+                  f"the admission policy refuses to render for Kubernetes {version}", str(err))
+    try:
+        render(chart, {"podLabels": {"app.kubernetes.io/name": "x"}})
+        bad("podLabels may override the selector labels")
+    except helm.HelmRenderError:
+        ok("podLabels may not override the chart's labels")
+
+    template = ds["spec"]["template"]
+    for label, control, mutate in BAD_OVERRIDES:
+        unexpected = pss_verdict(mutate(template), exceptions)[1]
+        hits = [v for v in unexpected if v.control == control]
+        check(bool(hits), f"PSS check rejects {label} ({control})",
+              f"found only {unexpected}")
+        if hits:
+            print(f"        -> {hits[0]}")
+
+    stale = pss_verdict(template, exceptions + ["no-such-volume"])[2]
+    check(stale == ["no-such-volume"], "an exception naming no hostPath volume is reported stale")
+    shrunk = copy.deepcopy(template)
+    shrunk["spec"]["volumes"] = [v for v in shrunk["spec"]["volumes"] if v["name"] != "vgpu-hook"]
+    stale = pss_verdict(shrunk, exceptions)[2]
+    check(stale == ["vgpu-hook"], "an exception whose volume was removed is reported stale")
+    unexpected = pss_verdict(template, [e for e in exceptions if e != "dbus"])[1]
+    check(any(v.volume == "dbus" for v in unexpected),
+          "a hostPath volume missing from the exceptions fails the check")
+
+
+def main() -> int:
+    print(f"helm-python-sdk {helm.__version__} (Helm SDK {helm.helm_sdk_version()}), "
+          f"kubernetes-validate {kubernetes_validate.__version__}")
+    print(f"chart {CHART.relative_to(ROOT)}, release {RELEASE} in {NAMESPACE}, "
+          f"Kubernetes schemas {', '.join(KUBE_VERSIONS)}")
+    exceptions = read_exceptions()
+    print(f"pss-exceptions.txt: {', '.join(exceptions)}")
+    with helm.Chart.load(CHART) as chart:
+        check(chart.metadata.get("apiVersion") == "v2" and chart.version == "0.1.0",
+              "Chart.yaml: apiVersion v2, version 0.1.0")
+        ds = check_value_set(chart, "defaults", None, exceptions)
+        features = yaml.safe_load((CHART / "ci" / "all-features-values.yaml").read_text())
+        check_value_set(chart, "all-features (ci/all-features-values.yaml)", features, exceptions)
+        if ds is not None:
+            self_tests(chart, ds, exceptions)
+        else:
+            bad("self-tests skipped: the default render failed")
+    print(f"\nchart-check: {len(PASSED)} passed, {len(FAILED)} failed")
+    for f in FAILED:
+        print(f"  failed: {f}")
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
