@@ -116,16 +116,20 @@ pub struct ServeArgs {
         long,
         env = "GPUD_KUBELET_SOCKET_ACCESS",
         value_enum,
-        default_value_t = SocketAccess::On
+        default_value_t = Switch::On
     )]
-    pub kubelet_socket_access: SocketAccess,
+    pub kubelet_socket_access: Switch,
+    /// Write the CDI spec of the GPUs and partitions (`amd.com/gpu`) into
+    /// the CDI directory (`/var/run/cdi`) whenever the inventory changes.
+    #[arg(long, env = "GPUD_CDI", value_enum, default_value_t = Switch::On)]
+    pub cdi: Switch,
     #[command(flatten)]
     pub dmem: DmemArgs,
 }
 
-/// `--kubelet-socket-access`.
+/// An on/off switch (`--kubelet-socket-access`, `--cdi`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SocketAccess {
+pub enum Switch {
     On,
     Off,
 }
@@ -335,13 +339,14 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
 /// When the service cannot start or loses the bus or its name.
 pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
     let paths = args.host.host_paths();
-    let access = (args.kubelet_socket_access == SocketAccess::On)
-        .then(|| crate::access::kubelet_targets(&paths));
+    let access =
+        (args.kubelet_socket_access == Switch::On).then(|| crate::access::kubelet_targets(&paths));
     let config = ServiceConfig {
         paths,
         amdsmi: args.host.amdsmi_config(helper),
         allowed_uids: vec![0, args.plugin_uid],
         dmem: args.dmem.config(),
+        cdi: args.cdi == Switch::On,
     };
     let bus = args
         .bus_address

@@ -20,6 +20,8 @@ pub struct HostPaths {
     pub cgroup: PathBuf,
     /// kubelet's state directory (`/var/lib/kubelet`).
     pub kubelet: PathBuf,
+    /// Where generated CDI specs go (`/var/run/cdi`).
+    pub cdi: PathBuf,
 }
 
 impl HostPaths {
@@ -34,6 +36,7 @@ impl HostPaths {
             dev: root.join("dev"),
             proc: root.join("proc"),
             kubelet: root.join("var/lib/kubelet"),
+            cdi: root.join("var/run/cdi"),
             sys,
         }
     }

@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod amdsmi;
+pub mod cdi;
 pub mod cli;
 pub mod dbus;
 pub mod dmem;

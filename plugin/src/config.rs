@@ -109,6 +109,11 @@ pub struct Cli {
     /// less than full enforcement is an error), `off`.
     #[arg(long, env = "AMDGPU_DP_SANDBOX", default_value = "best-effort", value_parser = SandboxMode::from_str)]
     pub sandbox: SandboxMode,
+    /// Answer Allocate with CDI device names (`amd.com/gpu=<PCI address>`,
+    /// from the spec amd-gpud writes) instead of device nodes; the container
+    /// runtime must have CDI enabled.
+    #[arg(long, env = "AMDGPU_DP_CDI", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub cdi: bool,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,

@@ -189,6 +189,7 @@ fn kube_parts(
         dev_dir: cli.host_dev.clone(),
         hook_dir: cli.hook_path.clone(),
         resource_name: cli.resource_name.clone(),
+        cdi: cli.cdi,
     };
     let allocator = std::sync::Arc::new(allocate::Allocator::new(
         client.clone(),

@@ -63,7 +63,26 @@ pub async fn rescan(
     })
     .await??;
     publish(conn, shared, &update, meta_changed).await?;
+    write_cdi(shared);
     Ok(generation(shared))
+}
+
+/// Refreshes the CDI spec (when enabled) from the published inventory;
+/// a failure is logged, not fatal: the plugin can still hand out device nodes.
+fn write_cdi(shared: &Shared) {
+    let service = shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !service.config().cdi {
+        return;
+    }
+    let paths = &service.config().paths;
+    let spec = crate::cdi::spec(paths, service.registry().gpus());
+    match crate::cdi::write(paths, &spec) {
+        Ok(true) => tracing::info!(dir = %paths.cdi.display(), "CDI spec written"),
+        Ok(false) => {}
+        Err(err) => tracing::warn!("{err}"),
+    }
 }
 
 fn generation(shared: &Shared) -> u64 {

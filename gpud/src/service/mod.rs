@@ -31,6 +31,8 @@ pub struct ServiceConfig {
     pub allowed_uids: Vec<u32>,
     /// The dmem VRAM cap backend.
     pub dmem: DmemConfig,
+    /// Write the CDI spec of the GPUs into `paths.cdi`.
+    pub cdi: bool,
 }
 
 /// Inventory-wide facts of the last read.

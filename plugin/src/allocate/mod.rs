@@ -49,6 +49,8 @@ pub struct AllocateConfig {
     /// The count resource kubelet allocates (`amd.com/gpu`), to tell which
     /// of the pod's containers HAMi's entries belong to.
     pub resource_name: String,
+    /// Answer with CDI device names (amd-gpud's spec) instead of device nodes.
+    pub cdi: bool,
 }
 
 /// Serialised Allocate over the caches.

@@ -7,13 +7,16 @@
 use std::{collections::HashMap, ops::Range};
 
 use ipc::types::{GpuInfo, PartitionInfo};
-use proto::v1beta1::{ContainerAllocateResponse, DeviceSpec, Mount};
+use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 use super::{AllocateConfig, reuse::Reuse};
 use crate::{
     cu::{CuBitmap, GpuSlice, render_env},
     hami::ContainerDevice,
 };
+
+/// amd-gpud's CDI kind.
+pub const CDI_KIND: &str = "amd.com/gpu";
 
 /// Where the hook is seen inside the container.
 pub const HOOK_IN_CONTAINER: &str = "/usr/local/vgpu/libamvgpu.so";
@@ -27,6 +30,8 @@ pub struct Slice {
     pub env: GpuSlice,
     pub card_minor: Option<u32>,
     pub render_minor: Option<u32>,
+    /// The device's name in amd-gpud's CDI spec (its partition's PCI address).
+    pub cdi_name: Option<String>,
 }
 
 impl Slice {
@@ -78,6 +83,7 @@ pub fn slice(
         },
         card_minor: first.and_then(|p| u32::try_from(p.card_minor).ok()),
         render_minor: first.map(|p| p.render_minor).filter(|m| *m > 0),
+        cdi_name: first.map(|p| p.bdf.clone()),
     })
 }
 
@@ -138,11 +144,24 @@ pub fn build(
             read_only: true,
         });
     }
+    let (devices, cdi_devices) = if config.cdi {
+        // The runtime injects /dev/kfd and each device's nodes from the spec.
+        let names = slices
+            .iter()
+            .filter_map(|s| s.cdi_name.as_ref())
+            .map(|n| CdiDevice {
+                name: format!("{CDI_KIND}={n}"),
+            })
+            .collect();
+        (Vec::new(), names)
+    } else {
+        (devices, Vec::new())
+    };
     Ok(ContainerAllocateResponse {
         envs,
         mounts,
         devices,
         annotations: HashMap::new(),
-        cdi_devices: Vec::new(),
+        cdi_devices,
     })
 }
