@@ -50,7 +50,11 @@ pub struct GpuInfo {
     pub compute_partition: String,
     pub memory_partition: String,
     pub available_compute_partitions: Vec<String>,
+    /// [`HEALTHY`](crate::HEALTHY), [`UNHEALTHY`](crate::UNHEALTHY) or
+    /// [`MISSING`](crate::MISSING).
     pub health: String,
+    /// Why the GPU is not healthy (set when it went out); empty while healthy.
+    pub health_reason: String,
     pub partitions: Vec<OwnedObjectPath>,
     pub links: Vec<Link>,
 }
@@ -74,6 +78,8 @@ pub struct PartitionInfo {
     pub xcp: i32,
     pub gpu: OwnedObjectPath,
     pub health: String,
+    /// Why the partition is not healthy; empty while healthy.
+    pub health_reason: String,
 }
 
 /// Reads property `name` of type `T` out of a `GetAll` answer.
@@ -112,6 +118,7 @@ impl GpuInfo {
                 self.available_compute_partitions.clone().into(),
             ),
             ("Health", self.health.clone().into()),
+            ("HealthReason", self.health_reason.clone().into()),
             ("Partitions", self.partitions.clone().into()),
             ("Links", self.links.clone().into()),
         ]
@@ -139,6 +146,7 @@ impl GpuInfo {
             memory_partition: take(&mut p, "MemoryPartition")?,
             available_compute_partitions: take(&mut p, "AvailableComputePartitions")?,
             health: take(&mut p, "Health")?,
+            health_reason: take(&mut p, "HealthReason")?,
             partitions: take(&mut p, "Partitions")?,
             links: take(&mut p, "Links")?,
         })
@@ -162,6 +170,7 @@ impl PartitionInfo {
             ("Xcp", self.xcp.into()),
             ("Gpu", self.gpu.clone().into()),
             ("Health", self.health.clone().into()),
+            ("HealthReason", self.health_reason.clone().into()),
         ]
     }
 
@@ -183,6 +192,7 @@ impl PartitionInfo {
             xcp: take(&mut p, "Xcp")?,
             gpu: take(&mut p, "Gpu")?,
             health: take(&mut p, "Health")?,
+            health_reason: take(&mut p, "HealthReason")?,
         })
     }
 }
@@ -217,6 +227,7 @@ mod tests {
             memory_partition: "NPS1".into(),
             available_compute_partitions: vec!["SPX".into(), "CPX".into()],
             health: crate::HEALTHY.into(),
+            health_reason: String::new(),
             partitions: vec![crate::partition_path("0000:05:00.0", 0)],
             links: vec![Link {
                 peer: "0000:15:00.0".into(),
@@ -248,6 +259,7 @@ mod tests {
             xcp: 2,
             gpu: crate::gpu_path("0000:05:00.0"),
             health: crate::MISSING.into(),
+            health_reason: "no longer found".into(),
         };
         let mut props = owned(part.to_properties());
         assert_eq!(PartitionInfo::from_properties(props.clone()).unwrap(), part);

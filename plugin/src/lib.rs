@@ -2,7 +2,10 @@
 //!
 //! It follows amd-gpud's inventory over D-Bus (crate `ipc`), offers each GPU
 //! to kubelet as `count` devices (crate `proto`), and re-registers by itself
-//! whenever kubelet restarts. Everything privileged is amd-gpud's job.
+//! whenever kubelet restarts. GPU health reaches kubelet (ListAndWatch), HAMi
+//! (the register annotation) and operators (Node Events, [`metrics`])
+//! together, all rebuilt from the same amd-gpud snapshot. Everything
+//! privileged is amd-gpud's job.
 
 #![deny(unsafe_code)]
 
@@ -13,19 +16,21 @@ pub mod cu;
 pub mod devices;
 pub mod gpud_client;
 pub mod hami;
+pub mod health_events;
 pub mod kube;
 pub mod kubelet;
+pub mod metrics;
 pub mod node_register;
 pub mod vram;
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
 pub use config::Cli;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{devices::DeviceTable, gpud_client::Bus};
+use crate::{config::MetricsAddress, devices::DeviceTable, gpud_client::Bus, metrics::Metrics};
 
 /// Entry point of the binary: parses `args` (help and version are not
 /// errors), runs, and maps errors to an exit code.
@@ -68,83 +73,144 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// The plugin's main task: follow amd-gpud, keep the device table, serve kubelet.
 ///
 /// # Errors
-/// When the plugin socket cannot be bound or the signal handlers installed.
+/// When the plugin or metrics socket cannot be bound or the signal handlers
+/// installed.
 pub async fn serve(cli: Cli) -> anyhow::Result<()> {
     let client = kube::client(&cli.kube).await?;
     if client.is_some() && cli.node_name.is_empty() {
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }
+    let metrics = Arc::new(Metrics::new());
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
     let snapshots = gpud_client::spawn(bus.clone());
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
-    let mut allocator = None;
-    let mut hint: Option<std::sync::Arc<dyn kubelet::AllocationHint>> = None;
-    let mut vram = None;
-    let owners = std::sync::Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
-    let registrar = client.map(|client| {
-        let caches = kube::Caches::start(&client, &cli.node_name);
-        let config = allocate::AllocateConfig {
-            dev_dir: cli.host_dev.clone(),
-            hook_dir: cli.hook_path.clone(),
-            resource_name: cli.resource_name.clone(),
-        };
-        allocator = Some(std::sync::Arc::new(allocate::Allocator::new(
-            client.clone(),
-            caches.clone(),
-            snapshots.clone(),
-            config,
-            owners.clone(),
-        )));
-        hint = Some(std::sync::Arc::new(allocate::HamiHint {
-            caches: caches.clone(),
-        }));
-        vram = Some(std::sync::Arc::new(vram::VramCaps {
-            mode: cli.dmem_backend,
-            sink: std::sync::Arc::new(gpud_client::GpudCaps {
-                bus: bus.clone(),
-                snapshots: snapshots.clone(),
-            }),
-            owners: owners.clone(),
-            caches: caches.clone(),
-            snapshots: snapshots.clone(),
-            events: Some(kube::Events::new(client.clone(), &cli.node_name)),
-        }));
-        let config = kube::RegisterConfig {
-            split_count: cli.split_count,
-            recheck: Duration::from_secs(cli.register_interval.max(1)),
-        };
-        tokio::spawn(kube::run_register(
-            client,
-            caches,
-            snapshots,
-            config,
-            until(stopped.clone()),
-        ))
-    });
-    if registrar.is_none() {
+    let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped));
+    if side.is_none() {
         info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
     }
+    let exporter = metrics::NodeExporter {
+        metrics: metrics.clone(),
+        snapshots: snapshots.clone(),
+        caches: side.as_ref().map(|s| s.caches.clone()),
+        split_count: cli.split_count,
+    };
+    let server = start_metrics(cli.metrics_address, exporter).await?;
     let config = kubelet::KubeletConfig {
         kubelet_socket: cli.kubelet_socket(),
         socket: cli.socket_path(),
         resource_name: cli.resource_name.clone(),
         policy: cli.allocator_policy,
         kube: cli.kube.clone(),
-        allocator,
-        hint,
-        vram,
+        allocator: side.as_ref().map(|s| s.allocator.clone()),
+        hint: side.as_ref().map(|s| s.hint.clone()),
+        vram: side.as_ref().map(|s| s.vram.clone()),
+        metrics,
     };
-    kubelet::run(config, devices, shutdown_signal()?).await?;
+    let served = kubelet::run(config, devices, shutdown_signal()?).await;
     stop.send_replace(true);
-    if let Some(task) = registrar
-        && tokio::time::timeout(Duration::from_secs(15), task)
+    if let Some(server) = server {
+        server.abort();
+    }
+    served?;
+    if let Some(side) = side
+        && tokio::time::timeout(Duration::from_secs(15), side.registrar)
             .await
             .is_err()
     {
         tracing::warn!("the node annotation was not republished within 15 s of the stop");
     }
     Ok(())
+}
+
+/// What runs with the Kubernetes API.
+struct KubeSide {
+    caches: kube::Caches,
+    allocator: Arc<allocate::Allocator>,
+    hint: Arc<dyn kubelet::AllocationHint>,
+    vram: Arc<vram::VramCaps>,
+    /// Publishes the register annotation until the stop, then every device
+    /// unhealthy.
+    registrar: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the caches, the registrar and the health Events; builds Allocate's
+/// and PreStartContainer's handlers.
+fn start_kube(
+    cli: &Cli,
+    client: ::kube::Client,
+    bus: &Bus,
+    snapshots: &watch::Receiver<gpud_client::Snapshot>,
+    stopped: &watch::Receiver<bool>,
+) -> KubeSide {
+    let owners = Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
+    let caches = kube::Caches::start(&client, &cli.node_name);
+    let config = allocate::AllocateConfig {
+        dev_dir: cli.host_dev.clone(),
+        hook_dir: cli.hook_path.clone(),
+        resource_name: cli.resource_name.clone(),
+    };
+    let allocator = Arc::new(allocate::Allocator::new(
+        client.clone(),
+        caches.clone(),
+        snapshots.clone(),
+        config,
+        owners.clone(),
+    ));
+    let events = kube::Events::new(client.clone(), &cli.node_name);
+    let vram = Arc::new(vram::VramCaps {
+        mode: cli.dmem_backend,
+        sink: Arc::new(gpud_client::GpudCaps {
+            bus: bus.clone(),
+            snapshots: snapshots.clone(),
+        }),
+        owners,
+        caches: caches.clone(),
+        snapshots: snapshots.clone(),
+        events: Some(events.clone()),
+    });
+    tokio::spawn(health_events::follow(
+        snapshots.clone(),
+        events,
+        caches.clone(),
+        until(stopped.clone()),
+    ));
+    let config = kube::RegisterConfig {
+        split_count: cli.split_count,
+        recheck: Duration::from_secs(cli.register_interval.max(1)),
+    };
+    let registrar = tokio::spawn(kube::run_register(
+        client,
+        caches.clone(),
+        snapshots.clone(),
+        config,
+        until(stopped.clone()),
+    ));
+    KubeSide {
+        hint: Arc::new(allocate::HamiHint {
+            caches: caches.clone(),
+        }),
+        caches,
+        allocator,
+        vram,
+        registrar,
+    }
+}
+
+/// Binds `--metrics-address` and serves it in the background.
+async fn start_metrics(
+    address: MetricsAddress,
+    exporter: metrics::NodeExporter,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let MetricsAddress::At(address) = address else {
+        info!("--metrics-address none: no /metrics, /healthz or /readyz");
+        return Ok(None);
+    };
+    let listener = metrics::server::bind(address).await?;
+    Ok(Some(tokio::spawn(metrics::server::serve(
+        listener,
+        Arc::new(exporter),
+    ))))
 }
 
 /// Resolves on SIGTERM or SIGINT.

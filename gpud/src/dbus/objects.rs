@@ -87,10 +87,17 @@ impl GpuObject {
     fn available_compute_partitions(&self) -> Vec<String> {
         self.view.available_compute_partitions.clone()
     }
-    /// `Healthy`, `Unhealthy` or `Missing`.
+    /// `Healthy`, `Unhealthy` or `Missing` (a GPU is unhealthy when one of
+    /// its partitions fails its probes).
     #[zbus(property)]
     fn health(&self) -> String {
         self.view.health.clone()
+    }
+    /// Why the GPU is not healthy, as found when it went out of service;
+    /// empty while healthy.
+    #[zbus(property)]
+    fn health_reason(&self) -> String {
+        self.view.health_reason.clone()
     }
     /// Partition objects of this GPU, by index.
     #[zbus(property)]
@@ -170,5 +177,11 @@ impl PartitionObject {
     #[zbus(property)]
     fn health(&self) -> String {
         self.view.health.clone()
+    }
+    /// Why the partition is not healthy, as found when it went out of
+    /// service; empty while healthy.
+    #[zbus(property)]
+    fn health_reason(&self) -> String {
+        self.view.health_reason.clone()
     }
 }
