@@ -15,6 +15,7 @@ use crate::{
     amdsmi::{self, AmdSmiConfig, LibrarySource},
     dbus::BusTarget,
     dmem::{self, DmemConfig, Driver},
+    health::{HealthConfig, Params},
     hostpaths::HostPaths,
     inspect, inventory,
     restore_check::{self, Mode, Options, Request, Verdict, image},
@@ -125,6 +126,64 @@ pub struct ServeArgs {
     pub cdi: Switch,
     #[command(flatten)]
     pub dmem: DmemArgs,
+    #[command(flatten)]
+    pub health: HealthArgs,
+}
+
+/// Health checks of the GPUs and partitions (see `gpud::health`).
+#[derive(Debug, clap::Args)]
+pub struct HealthArgs {
+    /// Seconds between two rounds of health probes (device nodes open, KFD
+    /// node present, no fatal AMD SMI state); 0 turns health checks off.
+    #[arg(
+        long,
+        env = "GPUD_HEALTH_PULSE",
+        default_value_t = 10,
+        value_name = "SECS"
+    )]
+    pub health_pulse: u64,
+    /// Consecutive failed probes that take a device out of service.
+    #[arg(
+        long,
+        env = "GPUD_UNHEALTHY_AFTER",
+        default_value_t = 3,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub unhealthy_after: u32,
+    /// Consecutive passed probes that bring a device back (unless flap
+    /// damping holds it).
+    #[arg(
+        long,
+        env = "GPUD_HEALTHY_AFTER",
+        default_value_t = 2,
+        value_name = "M",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub healthy_after: u32,
+    /// Pulses in which the flap penalty of a device halves: how long an
+    /// unsteady device is held out of service.
+    #[arg(
+        long,
+        env = "GPUD_HEALTH_HALF_LIFE",
+        default_value_t = 15,
+        value_name = "PULSES",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub health_half_life: u32,
+}
+
+impl HealthArgs {
+    pub fn config(&self) -> HealthConfig {
+        HealthConfig {
+            pulse: (self.health_pulse > 0).then(|| Duration::from_secs(self.health_pulse)),
+            params: Params {
+                unhealthy_after: self.unhealthy_after,
+                healthy_after: self.healthy_after,
+                half_life: self.health_half_life,
+            },
+        }
+    }
 }
 
 /// An on/off switch (`--kubelet-socket-access`, `--cdi`).
@@ -347,6 +406,7 @@ pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
         allowed_uids: vec![0, args.plugin_uid],
         dmem: args.dmem.config(),
         cdi: args.cdi == Switch::On,
+        health: args.health.config(),
     };
     let bus = args
         .bus_address
@@ -456,4 +516,42 @@ fn init_tracing(filter: &str) {
             .with(tracing_subscriber::fmt::layer().with_writer(io::stderr))
             .try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_args(extra: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let args = ["amd-gpud", "serve"].iter().chain(extra);
+        match Cli::try_parse_from(args)?.command {
+            Command::Serve(args) => Ok(args),
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn health_flags_and_defaults() {
+        let config = serve_args(&[]).unwrap().health.config();
+        assert_eq!(config, HealthConfig::default());
+        let args = [
+            "--health-pulse",
+            "0",
+            "--unhealthy-after",
+            "5",
+            "--healthy-after",
+            "4",
+            "--health-half-life",
+            "30",
+        ];
+        let config = serve_args(&args).unwrap().health.config();
+        assert_eq!(config.pulse, None, "0 turns the checks off");
+        let p = config.params;
+        assert_eq!(
+            (p.unhealthy_after, p.healthy_after, p.half_life),
+            (5, 4, 30)
+        );
+        let err = serve_args(&["--unhealthy-after", "0"]).unwrap_err();
+        assert!(err.to_string().contains("unhealthy-after"), "{err}");
+    }
 }

@@ -71,6 +71,26 @@ impl HostPaths {
     pub fn dev_node(&self, name: &str) -> PathBuf {
         self.dev.join(name)
     }
+
+    /// The KFD device: `<dev>/kfd`.
+    pub fn kfd_device(&self) -> PathBuf {
+        self.dev.join("kfd")
+    }
+
+    /// A DRM render node: `<dev>/dri/renderD<minor>`.
+    pub fn render_node(&self, minor: u32) -> PathBuf {
+        self.dev.join(format!("dri/renderD{minor}"))
+    }
+
+    /// A DRM card node: `<dev>/dri/card<minor>`.
+    pub fn card_node(&self, minor: u32) -> PathBuf {
+        self.dev.join(format!("dri/card{minor}"))
+    }
+
+    /// KFD topology node `index`: `<sys>/class/kfd/kfd/topology/nodes/<index>`.
+    pub fn kfd_node(&self, index: u32) -> PathBuf {
+        self.kfd_topology().join("nodes").join(index.to_string())
+    }
 }
 
 impl Default for HostPaths {
@@ -97,6 +117,16 @@ mod tests {
         assert_eq!(
             p.kfd_topology(),
             Path::new("/tmp/node/sys/class/kfd/kfd/topology")
+        );
+        assert_eq!(
+            p.render_node(128),
+            Path::new("/tmp/node/dev/dri/renderD128")
+        );
+        assert_eq!(p.card_node(0), Path::new("/tmp/node/dev/dri/card0"));
+        assert_eq!(p.kfd_device(), Path::new("/tmp/node/dev/kfd"));
+        assert_eq!(
+            p.kfd_node(2),
+            Path::new("/tmp/node/sys/class/kfd/kfd/topology/nodes/2")
         );
         assert_eq!(
             p.pci_device("0000:05:00.0"),

@@ -11,6 +11,7 @@ pub mod dbus;
 pub mod dmem;
 pub mod drm;
 pub mod gfx;
+pub mod health;
 pub mod hostpaths;
 pub mod inspect;
 pub mod inventory;

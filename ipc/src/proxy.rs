@@ -108,6 +108,22 @@ pub trait Node {
     /// The kubepods cgroup (`/kubepods.slice`...), empty when unknown.
     #[zbus(property)]
     fn dmem_kubepods(&self) -> zbus::Result<String>;
+    /// Seconds between two rounds of health probes; 0 when they are off.
+    #[zbus(property)]
+    fn health_pulse(&self) -> zbus::Result<u32>;
+    /// Rounds of health probes run since the daemon started.
+    #[zbus(property)]
+    fn health_checks(&self) -> zbus::Result<u64>;
+    /// Failed probes of GPUs and partitions since the daemon started.
+    #[zbus(property)]
+    fn health_probe_failures(&self) -> zbus::Result<u64>;
+    /// Health transitions of GPUs and partitions (both ways) since start.
+    #[zbus(property)]
+    fn health_transitions(&self) -> zbus::Result<u64>;
+    /// GPUs and partitions that pass their probes but are held unhealthy by
+    /// flap damping.
+    #[zbus(property)]
+    fn health_held(&self) -> zbus::Result<u32>;
 }
 
 /// A GPU object: `io.hami.AmdGpu1.Gpu`.
@@ -145,6 +161,8 @@ pub trait Gpu {
     fn available_compute_partitions(&self) -> zbus::Result<Vec<String>>;
     #[zbus(property)]
     fn health(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn health_reason(&self) -> zbus::Result<String>;
     #[zbus(property)]
     fn partitions(&self) -> zbus::Result<Vec<zbus::zvariant::OwnedObjectPath>>;
     #[zbus(property)]
@@ -185,6 +203,8 @@ pub trait Partition {
     fn restore_props(&self) -> zbus::Result<std::collections::HashMap<String, u64>>;
     #[zbus(property)]
     fn restore_links(&self) -> zbus::Result<Vec<crate::types::RestoreLink>>;
+    #[zbus(property)]
+    fn health_reason(&self) -> zbus::Result<String>;
 }
 
 async fn get_all(

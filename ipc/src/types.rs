@@ -79,7 +79,11 @@ pub struct GpuInfo {
     pub compute_partition: String,
     pub memory_partition: String,
     pub available_compute_partitions: Vec<String>,
+    /// [`HEALTHY`](crate::HEALTHY), [`UNHEALTHY`](crate::UNHEALTHY) or
+    /// [`MISSING`](crate::MISSING).
     pub health: String,
+    /// Why the GPU is not healthy (set when it went out); empty while healthy.
+    pub health_reason: String,
     pub partitions: Vec<OwnedObjectPath>,
     pub links: Vec<Link>,
     /// The compute-partition profiles the GPU offers; empty when it has none.
@@ -110,6 +114,8 @@ pub struct PartitionInfo {
     pub restore_props: BTreeMap<String, u64>,
     /// The node's PCIe and XGMI io links, as CRIU reads them.
     pub restore_links: Vec<RestoreLink>,
+    /// Why the partition is not healthy; empty while healthy.
+    pub health_reason: String,
 }
 
 /// Reads property `name` of type `T` out of a `GetAll` answer.
@@ -148,6 +154,7 @@ impl GpuInfo {
                 self.available_compute_partitions.clone().into(),
             ),
             ("Health", self.health.clone().into()),
+            ("HealthReason", self.health_reason.clone().into()),
             ("Partitions", self.partitions.clone().into()),
             ("Links", self.links.clone().into()),
             ("PartitionProfiles", self.partition_profiles.clone().into()),
@@ -176,6 +183,7 @@ impl GpuInfo {
             memory_partition: take(&mut p, "MemoryPartition")?,
             available_compute_partitions: take(&mut p, "AvailableComputePartitions")?,
             health: take(&mut p, "Health")?,
+            health_reason: take(&mut p, "HealthReason")?,
             partitions: take(&mut p, "Partitions")?,
             links: take(&mut p, "Links")?,
             partition_profiles: take(&mut p, "PartitionProfiles")?,
@@ -205,6 +213,7 @@ impl PartitionInfo {
                 Value::from(Dict::from(self.restore_props.clone())),
             ),
             ("RestoreLinks", self.restore_links.clone().into()),
+            ("HealthReason", self.health_reason.clone().into()),
         ]
     }
 
@@ -230,6 +239,7 @@ impl PartitionInfo {
                 .into_iter()
                 .collect(),
             restore_links: take(&mut p, "RestoreLinks")?,
+            health_reason: take(&mut p, "HealthReason")?,
         })
     }
 }
@@ -264,6 +274,7 @@ mod tests {
             memory_partition: "NPS1".into(),
             available_compute_partitions: vec!["SPX".into(), "CPX".into()],
             health: crate::HEALTHY.into(),
+            health_reason: String::new(),
             partitions: vec![crate::partition_path("0000:05:00.0", 0)],
             links: vec![Link {
                 peer: "0000:15:00.0".into(),
@@ -312,6 +323,7 @@ mod tests {
                 link_type: "xgmi".into(),
                 node_to: 3,
             }],
+            health_reason: "no longer found".into(),
         };
         let mut props = owned(part.to_properties());
         assert_eq!(PartitionInfo::from_properties(props.clone()).unwrap(), part);

@@ -1,7 +1,7 @@
 //! Command line of `amd-device-plugin`. Every flag has an environment twin
 //! (`AMDGPU_DP_*`, and `NODE_NAME` from the downward API).
 
-use std::{path::PathBuf, str::FromStr};
+use std::{net::SocketAddr, path::PathBuf, str::FromStr};
 
 use clap::Parser;
 
@@ -114,9 +114,41 @@ pub struct Cli {
     /// runtime must have CDI enabled.
     #[arg(long, env = "AMDGPU_DP_CDI", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
     pub cdi: bool,
+    /// Where to serve /metrics (Prometheus), /healthz and /readyz (the
+    /// DaemonSet's probes): `ADDRESS:PORT`, or `none`.
+    #[arg(
+        long,
+        env = "AMDGPU_DP_METRICS_ADDRESS",
+        default_value = DEFAULT_METRICS_ADDRESS,
+        value_name = "ADDR:PORT|none"
+    )]
+    pub metrics_address: MetricsAddress,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,
+}
+
+/// Default `--metrics-address`: every address of the pod, port 9410.
+pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9410";
+
+/// `--metrics-address`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAddress {
+    None,
+    At(SocketAddr),
+}
+
+impl FromStr for MetricsAddress {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        if value == "none" {
+            return Ok(Self::None);
+        }
+        value.parse().map(Self::At).map_err(|_| {
+            format!("--metrics-address is ADDRESS:PORT (e.g. {DEFAULT_METRICS_ADDRESS}) or none, not {value:?}")
+        })
+    }
 }
 
 /// How the plugin reaches the Kubernetes API.
@@ -219,5 +251,13 @@ mod tests {
         );
         let err = Cli::try_parse_from(["x", "--dmem-backend", "yes"]).unwrap_err();
         assert!(err.to_string().contains("\"yes\""), "{err}");
+        assert_eq!(
+            Cli::parse_from(["x"]).metrics_address,
+            MetricsAddress::At("0.0.0.0:9410".parse().unwrap())
+        );
+        let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
+        assert_eq!(cli.metrics_address, MetricsAddress::None);
+        let err = Cli::try_parse_from(["x", "--metrics-address", "9410"]).unwrap_err();
+        assert!(err.to_string().contains("ADDRESS:PORT"), "{err}");
     }
 }

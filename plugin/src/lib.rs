@@ -2,7 +2,10 @@
 //!
 //! It follows amd-gpud's inventory over D-Bus (crate `ipc`), offers each GPU
 //! to kubelet as `count` devices (crate `proto`), and re-registers by itself
-//! whenever kubelet restarts. Everything privileged is amd-gpud's job.
+//! whenever kubelet restarts. GPU health reaches kubelet (ListAndWatch), HAMi
+//! (the register annotation) and operators (Node Events, [`metrics`])
+//! together, all rebuilt from the same amd-gpud snapshot. Everything
+//! privileged is amd-gpud's job.
 
 #![deny(unsafe_code)]
 
@@ -13,22 +16,24 @@ pub mod cu;
 pub mod devices;
 pub mod gpud_client;
 pub mod hami;
+pub mod health_events;
 pub mod kube;
 pub mod kubelet;
+pub mod metrics;
 pub mod node_register;
 pub mod partition;
 pub mod sandbox;
 pub mod switcher;
 pub mod vram;
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
 pub use config::Cli;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{devices::DeviceTable, gpud_client::Bus};
+use crate::{config::MetricsAddress, devices::DeviceTable, gpud_client::Bus, metrics::Metrics};
 
 /// Entry point of the binary: parses `args` (help and version are not
 /// errors), runs, and maps errors to an exit code.
@@ -87,6 +92,9 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
         "/var/run/secrets/kubernetes.io/serviceaccount",
         "/etc/ssl",
         "/etc/ca-certificates",
+        "/etc/pki",
+        "/usr/share/ca-certificates",
+        "/usr/local/share/ca-certificates",
         "/etc/resolv.conf",
         "/etc/hosts",
         "/etc/nsswitch.conf",
@@ -108,56 +116,70 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
         read,
         write: vec![cli.kubelet_dir.clone(), "/dev/null".into()],
         connect: kube_config.map(kube::api_port).into_iter().collect(),
-        bind: Vec::new(),
+        bind: match cli.metrics_address {
+            MetricsAddress::At(address) => vec![address.port()],
+            MetricsAddress::None => Vec::new(),
+        },
     }
 }
 
 /// The plugin's main task: follow amd-gpud, keep the device table, serve kubelet.
 ///
 /// # Errors
-/// When the plugin socket cannot be bound or the signal handlers installed.
+/// When the plugin or metrics socket cannot be bound or the signal handlers
+/// installed.
 pub async fn serve(cli: Cli, kube_config: Option<::kube::Config>) -> anyhow::Result<()> {
     let client = kube_config.map(kube::client).transpose()?;
     if client.is_some() && cli.node_name.is_empty() {
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }
+    let metrics = Arc::new(Metrics::new());
+    metrics.set_landlock(match sandbox::status() {
+        sandbox::Enforcement::Off => metrics::LandlockStatus::NotApplied,
+        sandbox::Enforcement::NotEnforced => metrics::LandlockStatus::NotEnforced,
+        sandbox::Enforcement::Partial => metrics::LandlockStatus::PartiallyEnforced,
+        sandbox::Enforcement::Full => metrics::LandlockStatus::FullyEnforced,
+    });
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
     let raw = gpud_client::spawn(bus.clone());
     let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
     let snapshots = partition::follow(raw.clone(), mode);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
-    let parts = client.map(|client| kube_parts(client, &cli, &bus, &snapshots, stopped));
+    let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped));
     if let Some(target) = cli.compute_partition.clone() {
-        let caches = parts.as_ref().map(|p| p.caches.clone());
+        let caches = side.as_ref().map(|s| s.caches.clone());
         tokio::spawn(switcher::switch_idle_gpus(bus.clone(), raw, caches, target));
     }
-    let (allocator, hint, vram, registrar) = match parts {
-        Some(p) => (
-            Some(p.allocator),
-            Some(p.hint),
-            Some(p.vram),
-            Some(p.registrar),
-        ),
-        None => (None, None, None, None),
-    };
-    if registrar.is_none() {
+    if side.is_none() {
         info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
     }
+    let exporter = metrics::NodeExporter {
+        metrics: metrics.clone(),
+        snapshots: snapshots.clone(),
+        caches: side.as_ref().map(|s| s.caches.clone()),
+        split_count: cli.split_count,
+    };
+    let server = start_metrics(cli.metrics_address, exporter).await?;
     let config = kubelet::KubeletConfig {
         kubelet_socket: cli.kubelet_socket(),
         socket: cli.socket_path(),
         resource_name: cli.resource_name.clone(),
         policy: cli.allocator_policy,
         kube: cli.kube.clone(),
-        allocator,
-        hint,
-        vram,
+        allocator: side.as_ref().map(|s| s.allocator.clone()),
+        hint: side.as_ref().map(|s| s.hint.clone()),
+        vram: side.as_ref().map(|s| s.vram.clone()),
+        metrics,
     };
-    kubelet::run(config, devices, shutdown_signal()?).await?;
+    let served = kubelet::run(config, devices, shutdown_signal()?).await;
     stop.send_replace(true);
-    if let Some(task) = registrar
-        && tokio::time::timeout(Duration::from_secs(15), task)
+    if let Some(server) = server {
+        server.abort();
+    }
+    served?;
+    if let Some(side) = side
+        && tokio::time::timeout(Duration::from_secs(15), side.registrar)
             .await
             .is_err()
     {
@@ -166,49 +188,59 @@ pub async fn serve(cli: Cli, kube_config: Option<::kube::Config>) -> anyhow::Res
     Ok(())
 }
 
-/// What the plugin does with the Kubernetes API.
-struct KubeParts {
+/// What runs with the Kubernetes API.
+struct KubeSide {
     caches: kube::Caches,
-    allocator: std::sync::Arc<allocate::Allocator>,
-    hint: std::sync::Arc<dyn kubelet::AllocationHint>,
-    vram: std::sync::Arc<vram::VramCaps>,
-    /// Keeps the register annotation; ends after the graceful republish.
+    allocator: Arc<allocate::Allocator>,
+    hint: Arc<dyn kubelet::AllocationHint>,
+    vram: Arc<vram::VramCaps>,
+    /// Publishes the register annotation until the stop, then every device
+    /// unhealthy.
     registrar: tokio::task::JoinHandle<()>,
 }
 
-fn kube_parts(
-    client: ::kube::Client,
+/// Starts the caches, the registrar and the health Events; builds Allocate's
+/// and PreStartContainer's handlers.
+fn start_kube(
     cli: &Cli,
+    client: ::kube::Client,
     bus: &Bus,
     snapshots: &watch::Receiver<gpud_client::Snapshot>,
-    stopped: watch::Receiver<bool>,
-) -> KubeParts {
+    stopped: &watch::Receiver<bool>,
+) -> KubeSide {
+    let owners = Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
     let caches = kube::Caches::start(&client, &cli.node_name);
-    let owners = std::sync::Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
     let config = allocate::AllocateConfig {
         dev_dir: cli.host_dev.clone(),
         hook_dir: cli.hook_path.clone(),
         resource_name: cli.resource_name.clone(),
         cdi: cli.cdi,
     };
-    let allocator = std::sync::Arc::new(allocate::Allocator::new(
+    let allocator = Arc::new(allocate::Allocator::new(
         client.clone(),
         caches.clone(),
         snapshots.clone(),
         config,
         owners.clone(),
     ));
-    let vram = std::sync::Arc::new(vram::VramCaps {
+    let events = kube::Events::new(client.clone(), &cli.node_name);
+    let vram = Arc::new(vram::VramCaps {
         mode: cli.dmem_backend,
-        sink: std::sync::Arc::new(gpud_client::GpudCaps {
+        sink: Arc::new(gpud_client::GpudCaps {
             bus: bus.clone(),
             snapshots: snapshots.clone(),
         }),
         owners,
         caches: caches.clone(),
         snapshots: snapshots.clone(),
-        events: Some(kube::Events::new(client.clone(), &cli.node_name)),
+        events: Some(events.clone()),
     });
+    tokio::spawn(health_events::follow(
+        snapshots.clone(),
+        events,
+        caches.clone(),
+        until(stopped.clone()),
+    ));
     let config = kube::RegisterConfig {
         split_count: cli.split_count,
         recheck: Duration::from_secs(cli.register_interval.max(1)),
@@ -218,10 +250,10 @@ fn kube_parts(
         caches.clone(),
         snapshots.clone(),
         config,
-        until(stopped),
+        until(stopped.clone()),
     ));
-    KubeParts {
-        hint: std::sync::Arc::new(allocate::HamiHint {
+    KubeSide {
+        hint: Arc::new(allocate::HamiHint {
             caches: caches.clone(),
         }),
         caches,
@@ -229,6 +261,22 @@ fn kube_parts(
         vram,
         registrar,
     }
+}
+
+/// Binds `--metrics-address` and serves it in the background.
+async fn start_metrics(
+    address: MetricsAddress,
+    exporter: metrics::NodeExporter,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let MetricsAddress::At(address) = address else {
+        info!("--metrics-address none: no /metrics, /healthz or /readyz");
+        return Ok(None);
+    };
+    let listener = metrics::server::bind(address).await?;
+    Ok(Some(tokio::spawn(metrics::server::serve(
+        listener,
+        Arc::new(exporter),
+    ))))
 }
 
 /// Resolves on SIGTERM or SIGINT.

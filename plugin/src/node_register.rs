@@ -205,6 +205,7 @@ mod tests {
             memory_partition: "NPS1".into(),
             available_compute_partitions: vec![],
             health: health.into(),
+            health_reason: String::new(),
             partitions: vec![],
             links: vec![],
             partition_profiles: vec![],

@@ -25,6 +25,7 @@ fn gpu(bdf: &str, mode: &str) -> GpuInfo {
         partitions: vec![],
         links: vec![],
         partition_profiles: vec![],
+        health_reason: String::new(),
     }
 }
 
@@ -44,6 +45,7 @@ fn part(bdf: &str, index: u32, health: &str) -> PartitionInfo {
         health: health.into(),
         restore_props: BTreeMap::new(),
         restore_links: vec![],
+        health_reason: String::new(),
     }
 }
 

@@ -126,7 +126,9 @@ pub fn name_has_owner(bus: &PrivateBus) -> io::Result<bool> {
 }
 
 /// `fake-node plugin` (amd-device-plugin) against `kubelet_dir` and `bus`,
-/// without the Kubernetes API unless `extra` passes `--kube`.
+/// without the Kubernetes API unless `extra` passes `--kube`, and without the
+/// metrics server unless `extra` passes `--metrics-address` (plugins running
+/// side by side would fight over the default port).
 ///
 /// # Errors
 /// When it cannot be spawned.
@@ -143,6 +145,7 @@ where
     let child = Command::new(fake_node)
         // No Kubernetes API unless `extra` names one (the flag wins over the env twin).
         .env("AMDGPU_DP_KUBE", "none")
+        .env("AMDGPU_DP_METRICS_ADDRESS", "none")
         .args(["plugin", "--bus-address"])
         .arg(&bus.address)
         .arg("--kubelet-dir")
@@ -152,6 +155,64 @@ where
         .stderr(Stdio::inherit())
         .spawn()?;
     Ok(Process(child))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+///
+/// # Errors
+/// When no port can be bound.
+pub fn free_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// One HTTP/1.1 GET of `path` on `address`: the status code and the body.
+///
+/// # Errors
+/// When the connection fails or the answer is not HTTP.
+pub fn http_get(address: std::net::SocketAddr, path: &str) -> io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let bad = || io::Error::other(format!("not an HTTP answer: {answer:?}"));
+    let (head, body) = answer.split_once("\r\n\r\n").ok_or_else(bad)?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(bad)?;
+    Ok((status, body.to_owned()))
+}
+
+/// Reads a property of the node object (as root, with busctl): the value
+/// part of busctl's answer, e.g. `42` for `t 42`.
+///
+/// # Errors
+/// When the call fails.
+pub fn node_property(bus: &PrivateBus, name: &str) -> io::Result<String> {
+    let out = bus::busctl(
+        bus,
+        0,
+        &[
+            "get-property",
+            bus::BUS_NAME,
+            "/io/hami/AmdGpu1",
+            "io.hami.AmdGpu1.Node",
+            name,
+        ],
+    )?;
+    if !out.success() {
+        return Err(io::Error::other(format!("reading {name}: {}", out.stderr)));
+    }
+    let value = out.stdout.trim();
+    Ok(value.split_once(' ').map_or(value, |(_, v)| v).to_owned())
 }
 
 /// Asks amd-gpud to read the inventory again now (as root, with busctl).

@@ -5,6 +5,7 @@
 //! an error when it loses the bus or its name, so systemd restarts it.
 
 mod auth;
+mod health;
 mod node;
 mod objects;
 mod publish;
@@ -108,19 +109,18 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
         BusTarget::System => (Builder::system(), "the system bus".to_owned()),
         BusTarget::Address(address) => (Builder::address(address.as_str()), address.clone()),
     };
-    let (dmem, allowed_uids) = {
+    let node = {
         let service = shared
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (
-            service.dmem().clone(),
-            Arc::from(service.config().allowed_uids.as_slice()),
-        )
-    };
-    let node = NodeObject {
-        service: shared.clone(),
-        dmem,
-        allowed_uids,
+        let pulse = service.config().health.pulse.unwrap_or_default();
+        NodeObject {
+            service: shared.clone(),
+            dmem: service.dmem().clone(),
+            allowed_uids: Arc::from(service.config().allowed_uids.as_slice()),
+            health: service.health_stats(),
+            health_pulse: u32::try_from(pulse.as_secs()).unwrap_or(u32::MAX),
+        }
     };
     let built = async {
         builder?
@@ -159,6 +159,19 @@ async fn run(
     }
     let mut terminate = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let pulse = shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .config()
+        .health
+        .pulse;
+    let health = async {
+        match pulse {
+            Some(pulse) => health::pulses(conn, shared, pulse).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(health);
     loop {
         tokio::select! {
             () = conn.closed() => {
@@ -171,6 +184,7 @@ async fn run(
             }
             _ = terminate.recv() => { info!("SIGTERM: stopping"); return Ok(()); }
             _ = interrupt.recv() => { info!("SIGINT: stopping"); return Ok(()); }
+            () = &mut health => {}
             () = tick(ticker.as_mut()) => {
                 if let Err(err) = publish::rescan(conn, shared, false).await {
                     warn!("periodic rescan failed: {err}");

@@ -16,7 +16,7 @@ use zbus::{
 };
 
 use super::{auth, publish, switch, vram};
-use crate::{dmem::Dmem, restore_check, service::Service};
+use crate::{dmem::Dmem, health::Stats, restore_check, service::Service};
 
 /// The service, shared between the node object and the rescan loop.
 pub type Shared = Arc<Mutex<Service>>;
@@ -30,6 +30,10 @@ pub struct NodeObject {
     /// UIDs allowed to call methods, copied from the configuration for the
     /// same reason.
     pub allowed_uids: Arc<[u32]>,
+    /// The health counters, also read without the service lock.
+    pub health: Arc<Stats>,
+    /// Seconds between health pulses; 0 when off.
+    pub health_pulse: u32,
 }
 
 impl NodeObject {
@@ -268,6 +272,39 @@ impl NodeObject {
     #[zbus(property)]
     fn dmem_kubepods(&self) -> String {
         vram::kubepods(&self.dmem.status())
+    }
+
+    /// Seconds between two rounds of health probes (`--health-pulse`); 0
+    /// when health checks are off.
+    #[zbus(property(emits_changed_signal = "const"))]
+    fn health_pulse(&self) -> u32 {
+        self.health_pulse
+    }
+
+    /// Rounds of health probes run since the daemon started.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn health_checks(&self) -> u64 {
+        self.health.pulses()
+    }
+
+    /// Failed probes of GPUs and partitions since the daemon started.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn health_probe_failures(&self) -> u64 {
+        self.health.failures()
+    }
+
+    /// Health transitions of GPUs and partitions, to Unhealthy and back,
+    /// since the daemon started.
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn health_transitions(&self) -> u64 {
+        self.health.transitions()
+    }
+
+    /// GPUs and partitions that pass their probes but are held unhealthy by
+    /// flap damping (their recent record is too unsteady).
+    #[zbus(property(emits_changed_signal = "false"))]
+    fn health_held(&self) -> u32 {
+        self.health.held()
     }
 }
 

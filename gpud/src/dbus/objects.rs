@@ -89,10 +89,17 @@ impl GpuObject {
     fn available_compute_partitions(&self) -> Vec<String> {
         self.view.available_compute_partitions.clone()
     }
-    /// `Healthy`, `Unhealthy` or `Missing`.
+    /// `Healthy`, `Unhealthy` or `Missing` (a GPU is unhealthy when one of
+    /// its partitions fails its probes).
     #[zbus(property)]
     fn health(&self) -> String {
         self.view.health.clone()
+    }
+    /// Why the GPU is not healthy, as found when it went out of service;
+    /// empty while healthy.
+    #[zbus(property)]
+    fn health_reason(&self) -> String {
+        self.view.health_reason.clone()
     }
     /// Partition objects of this GPU, by index.
     #[zbus(property)]
@@ -195,5 +202,12 @@ impl PartitionObject {
     #[zbus(property)]
     fn restore_links(&self) -> Vec<RestoreLink> {
         self.view.restore_links.clone()
+    }
+
+    /// Why the partition is not healthy, as found when it went out of
+    /// service; empty while healthy.
+    #[zbus(property)]
+    fn health_reason(&self) -> String {
+        self.view.health_reason.clone()
     }
 }

@@ -92,6 +92,11 @@ fn generation(shared: &Shared) -> u64 {
     service.registry().generation()
 }
 
+/// One publication at a time: the rescan loop, `Rescan` calls and the health
+/// pulse each publish, and views built from an older state must not land
+/// after newer ones.
+static PUBLISHING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Publishes `update`: new objects are added (the ObjectManager announces
 /// them), changed and missing ones emit `PropertiesChanged`, and the node
 /// emits `InventoryChanged`.
@@ -104,6 +109,7 @@ pub async fn publish(
     update: &Update,
     meta_changed: bool,
 ) -> zbus::Result<()> {
+    let _one = PUBLISHING.lock().await;
     let views = views(shared, update);
     let server = conn.object_server();
     for (key, view) in views {
@@ -225,11 +231,13 @@ fn views(shared: &Shared, update: &Update) -> Vec<(ObjectKey, View)> {
             let view = match key {
                 ObjectKey::Gpu(bdf) => {
                     let (gpu, presence) = registry.gpu(bdf)?;
-                    View::Gpu(Box::new(gpu_view(gpu, presence, registry)))
+                    let shown = service.health_of(key, presence);
+                    View::Gpu(Box::new(gpu_view(gpu, &shown, registry)))
                 }
                 ObjectKey::Partition(bdf, index) => {
                     let (part, presence) = registry.partition(bdf, index)?;
-                    View::Partition(partition_view(part, presence, &bdf.to_string()))
+                    let shown = service.health_of(key, presence);
+                    View::Partition(partition_view(part, &shown, &bdf.to_string()))
                 }
             };
             Some((key, view))

@@ -4,14 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ipc::{
-    HEALTHY, MISSING, gpu_path, partition_path,
+    gpu_path, partition_path,
     types::{GpuInfo, Link, PartitionInfo, RestoreLink},
 };
 use zbus::zvariant::Value;
 
 use crate::{
     inventory::{Gpu, GpuLink, LinkVia, Partition, RestoreProps},
-    service::{Presence, Registry},
+    service::{Registry, Shown},
     topology::LinkType,
 };
 
@@ -20,14 +20,6 @@ pub type GpuView = GpuInfo;
 
 /// Every property of a partition object.
 pub type PartitionView = PartitionInfo;
-
-fn health(presence: Presence) -> String {
-    match presence {
-        Presence::Present => HEALTHY,
-        Presence::Missing => MISSING,
-    }
-    .to_owned()
-}
 
 fn signed(value: Option<u32>) -> i32 {
     value.and_then(|v| i32::try_from(v).ok()).unwrap_or(-1)
@@ -53,7 +45,7 @@ fn link(l: &GpuLink) -> Link {
 }
 
 /// A GPU's view.
-pub fn gpu_view(gpu: &Gpu, presence: Presence, registry: &Registry) -> GpuView {
+pub fn gpu_view(gpu: &Gpu, shown: &Shown, registry: &Registry) -> GpuView {
     let bdf = gpu.bdf.to_string();
     GpuView {
         partitions: registry
@@ -75,7 +67,8 @@ pub fn gpu_view(gpu: &Gpu, presence: Presence, registry: &Registry) -> GpuView {
         compute_partition: gpu.compute_partition.clone().unwrap_or_default(),
         memory_partition: gpu.memory_partition.clone().unwrap_or_default(),
         available_compute_partitions: gpu.available_compute_partitions.clone(),
-        health: health(presence),
+        health: shown.health.to_owned(),
+        health_reason: shown.reason.clone(),
         links: gpu.links.iter().map(link).collect(),
         partition_profiles: crate::partition::profiles(gpu),
         bdf,
@@ -83,7 +76,7 @@ pub fn gpu_view(gpu: &Gpu, presence: Presence, registry: &Registry) -> GpuView {
 }
 
 /// A partition's view.
-pub fn partition_view(part: &Partition, presence: Presence, gpu_bdf: &str) -> PartitionView {
+pub fn partition_view(part: &Partition, shown: &Shown, gpu_bdf: &str) -> PartitionView {
     PartitionView {
         index: part.index,
         kfd_node: part.kfd_node,
@@ -96,7 +89,8 @@ pub fn partition_view(part: &Partition, presence: Presence, gpu_bdf: &str) -> Pa
         vram_bytes: part.vram_bytes,
         xcp: signed(part.xcp),
         gpu: gpu_path(gpu_bdf),
-        health: health(presence),
+        health: shown.health.to_owned(),
+        health_reason: shown.reason.clone(),
         restore_props: restore_props(&part.restore),
         restore_links: part
             .restore

@@ -5,18 +5,23 @@
 //! topology's `generation_id` moves (a partition switch, a driver reload);
 //! periodic rescans otherwise read sysfs only. Every rescan also detects the
 //! dmem backend again (kubelet may start after the daemon; a GPU rebind
-//! re-registers its region).
+//! re-registers its region). While the last AMD SMI probe reports a fatal
+//! device state, every rescan probes it again, so that a recovered device is
+//! seen (see [`crate::health`]).
 
+mod health;
 pub mod registry;
 
 use std::sync::Arc;
 
+pub use health::Shown;
 pub use registry::{ObjectKey, Presence, Registry, Update};
 use tracing::info;
 
 use crate::{
     amdsmi::{AmdSmiConfig, report::AmdSmiReport},
     dmem::{self, Dmem, DmemConfig},
+    health::{HealthConfig, Monitor},
     hostpaths::HostPaths,
     inventory::{self, AmdSmiSummary, Inventory},
     topology::TopologyError,
@@ -33,6 +38,8 @@ pub struct ServiceConfig {
     pub dmem: DmemConfig,
     /// Write the CDI spec of the GPUs into `paths.cdi`.
     pub cdi: bool,
+    /// Health checks.
+    pub health: HealthConfig,
 }
 
 /// Inventory-wide facts of the last read.
@@ -53,6 +60,7 @@ pub struct Service {
     meta: Meta,
     amdsmi: Option<AmdSmiReport>,
     dmem: Arc<Dmem>,
+    health: Monitor<ObjectKey>,
 }
 
 impl Service {
@@ -65,6 +73,7 @@ impl Service {
             ..Meta::default()
         };
         Self {
+            health: Monitor::new(config.health.params),
             config,
             registry: Registry::default(),
             meta,
@@ -106,7 +115,7 @@ impl Service {
         self.dmem.refresh();
         self.meta.dmem = self.dmem.status();
         let first = self.meta.amdsmi.state.is_empty();
-        if reprobe || first {
+        if reprobe || first || self.amdsmi_fatal() {
             self.probe();
         }
         let mut inventory = inventory::discover(&self.config.paths, self.amdsmi.as_ref())?;

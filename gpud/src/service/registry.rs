@@ -58,9 +58,15 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Counts the reads that changed something.
+    /// Counts the changes published: reads that changed something, and
+    /// health transitions.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Counts a change made outside [`Registry::apply`] (a health transition).
+    pub fn note_change(&mut self) {
+        self.generation += 1;
     }
 
     /// Folds a fresh inventory in and says what changed.

@@ -53,6 +53,65 @@ pub struct AllocateConfig {
     pub cdi: bool,
 }
 
+/// Why an Allocate failed, as the `reason` label of the error metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No pod being bound fits the request (cache and API server).
+    NoPod,
+    /// A HAMi annotation of the pod does not parse or has no entry left.
+    Annotation,
+    /// Kubelet asks for another number of devices than HAMi assigned.
+    DeviceCount,
+    /// HAMi assigned a GPU this node does not have.
+    UnknownGpu,
+    /// No CU slice or response could be built for the grant.
+    Slice,
+    /// Writing the pod back to the API server failed.
+    ApiWrite,
+}
+
+impl Reason {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NoPod => "no_pod",
+            Self::Annotation => "bad_annotation",
+            Self::DeviceCount => "device_count",
+            Self::UnknownGpu => "unknown_gpu",
+            Self::Slice => "cu_slice",
+            Self::ApiWrite => "api_write",
+        }
+    }
+}
+
+/// A failed Allocate: the message for kubelet and the reason for metrics.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AllocateError {
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl AllocateError {
+    fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Tags a `Result<_, String>` with a reason.
+trait Because<T> {
+    fn because(self, reason: Reason) -> Result<T, AllocateError>;
+}
+
+impl<T, E: std::fmt::Display> Because<T> for Result<T, E> {
+    fn because(self, reason: Reason) -> Result<T, AllocateError> {
+        self.map_err(|e| AllocateError::new(reason, e.to_string()))
+    }
+}
+
 /// Serialised Allocate over the caches.
 pub struct Allocator {
     client: Client,
@@ -103,14 +162,20 @@ impl Allocator {
     /// # Errors
     /// A message for kubelet saying what failed; after the pod was found the
     /// pod is marked `bind-phase: failed` and the lock released first.
-    pub async fn allocate(&self, ids: &[String]) -> Result<ContainerAllocateResponse, String> {
+    pub async fn allocate(
+        &self,
+        ids: &[String],
+    ) -> Result<ContainerAllocateResponse, AllocateError> {
         let _serial = self.serial.lock().await;
         let node = self.caches.node();
         let (pods, edited) = self.ours.view(self.caches.pods.state());
         self.report_distrust(edited);
         let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
             Ok(pod) => pod,
-            Err(err) => self.lock_owner_from_api(ids.len()).await.ok_or(err)?,
+            Err(err) => self
+                .lock_owner_from_api(ids.len())
+                .await
+                .ok_or_else(|| AllocateError::new(Reason::NoPod, err))?,
         };
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
         match self.allocate_for(&pod, &pods, ids.len()).await {
@@ -129,7 +194,8 @@ impl Allocator {
                 warn!(pod = %who, "Allocate failed: {err}");
                 self.finish(&pod, json!({ pod::BIND_PHASE_KEY: "failed" }), true)
                     .await;
-                Err(format!("allocating AMD GPUs for {who}: {err}"))
+                let message = format!("allocating AMD GPUs for {who}: {err}");
+                Err(AllocateError::new(err.reason, message))
             }
         }
     }
@@ -158,20 +224,26 @@ impl Allocator {
         pod: &Arc<Pod>,
         pods: &[Arc<Pod>],
         count: usize,
-    ) -> Result<ContainerAllocateResponse, String> {
+    ) -> Result<ContainerAllocateResponse, AllocateError> {
         let value = pod
             .annotations()
             .get(TO_ALLOCATE_KEY)
             .cloned()
             .unwrap_or_default();
         let (entry, rest) = pop_next(&value)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{TO_ALLOCATE_KEY} has no entry left"))?;
+            .because(Reason::Annotation)?
+            .ok_or_else(|| {
+                AllocateError::new(
+                    Reason::Annotation,
+                    format!("{TO_ALLOCATE_KEY} has no entry left"),
+                )
+            })?;
         if entry.len() != count {
-            return Err(format!(
+            let message = format!(
                 "device number not matched: kubelet asks for {count}, HAMi assigned {}",
                 entry.len()
-            ));
+            );
+            return Err(AllocateError::new(Reason::DeviceCount, message));
         }
         let snapshot = self.snapshots.borrow().clone();
         let gpus: HashMap<String, usize> = snapshot
@@ -192,10 +264,11 @@ impl Allocator {
         let mut slices = Vec::with_capacity(entry.len());
         for device in &entry {
             let index = *gpus.get(&device.uuid).ok_or_else(|| {
-                format!(
+                let message = format!(
                     "HAMi assigned GPU {:?}, which this node does not have",
                     device.uuid
-                )
+                );
+                AllocateError::new(Reason::UnknownGpu, message)
             })?;
             let gpu = &snapshot.gpus[index];
             let parts = snapshot
@@ -203,15 +276,20 @@ impl Allocator {
                 .get(&gpu.bdf)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            slices.push(response::slice(gpu, parts, device, &mut maps, &mut reuse)?);
+            let slice = response::slice(gpu, parts, device, &mut maps, &mut reuse);
+            slices.push(slice.because(Reason::Slice)?);
         }
-        let answer = response::build(&slices, &self.config)?;
-        let (mut annotations, complete) = write_back(pod, &slices, rest)?;
-        if let Some(spare) = reuse.annotation().map_err(|e| e.to_string())? {
+        let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
+        let (mut annotations, complete) =
+            write_back(pod, &slices, rest).because(Reason::Annotation)?;
+        if let Some(spare) = reuse.annotation().because(Reason::Annotation)? {
             annotations[CU_SPARE_KEY] = Value::String(spare);
         }
         info!(role = ?reuse.role(), "CUs chosen");
-        let written = self.patch_pod(pod, annotations).await?;
+        let written = self
+            .patch_pod(pod, annotations)
+            .await
+            .because(Reason::ApiWrite)?;
         self.ours.recorded(&written);
         if complete {
             self.release_lock(pod).await;

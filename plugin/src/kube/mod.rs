@@ -7,7 +7,14 @@
 mod events;
 mod register;
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 pub use events::{Events, Regarding};
 use futures_util::StreamExt;
@@ -94,6 +101,8 @@ pub struct Caches {
     pub node_name: String,
     pub nodes: Store<Node>,
     pub pods: Store<Pod>,
+    /// Whether each watch (node, pods) got an answer last time, not an error.
+    watching: Arc<[AtomicBool; 2]>,
 }
 
 impl Caches {
@@ -101,13 +110,38 @@ impl Caches {
     pub fn start(client: &Client, node_name: &str) -> Self {
         let node_fields = format!("metadata.name={node_name}");
         let pod_fields = format!("spec.nodeName={node_name}");
-        let nodes = watch(Api::<Node>::all(client.clone()), &node_fields);
-        let pods = watch(Api::<Pod>::all(client.clone()), &pod_fields);
+        let watching = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+        let nodes = watch(Api::<Node>::all(client.clone()), &node_fields, {
+            let w = watching.clone();
+            move |ok| w[0].store(ok, Ordering::Relaxed)
+        });
+        let pods = watch(Api::<Pod>::all(client.clone()), &pod_fields, {
+            let w = watching.clone();
+            move |ok| w[1].store(ok, Ordering::Relaxed)
+        });
         Self {
             node_name: node_name.to_owned(),
             nodes,
             pods,
+            watching,
         }
+    }
+
+    /// Caches over stores filled by someone else (tests, tools); they count
+    /// as connected.
+    pub fn from_stores(node_name: &str, nodes: Store<Node>, pods: Store<Pod>) -> Self {
+        Self {
+            node_name: node_name.to_owned(),
+            nodes,
+            pods,
+            watching: Arc::new([AtomicBool::new(true), AtomicBool::new(true)]),
+        }
+    }
+
+    /// Whether both watches work: their last answer from the API server was
+    /// not an error.
+    pub fn connected(&self) -> bool {
+        self.watching.iter().all(|w| w.load(Ordering::Relaxed))
     }
 
     /// This node as last seen by the watch.
@@ -119,7 +153,9 @@ impl Caches {
     }
 }
 
-fn watch<K>(api: Api<K>, fields: &str) -> Store<K>
+/// A reflector of `api` restricted to `fields`; `answered` says after each
+/// event whether it came from the API server (true) or was an error.
+fn watch<K>(api: Api<K>, fields: &str, answered: impl Fn(bool) + Send + 'static) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -132,12 +168,11 @@ where
     let (reader, writer) = reflector::store();
     let config = watcher::Config::default().fields(fields);
     let what = format!("{} ({fields})", K::plural(&()));
-    let stream = reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects();
+    let stream = reflector(writer, watcher(api, config)).default_backoff();
     tokio::spawn(async move {
         futures_util::pin_mut!(stream);
         while let Some(event) = stream.next().await {
+            answered(event.is_ok());
             if let Err(err) = event {
                 warn!("watch of {what}: {err}");
             }

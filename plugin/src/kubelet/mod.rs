@@ -42,6 +42,8 @@ pub struct KubeletConfig {
     pub hint: Option<Arc<dyn AllocationHint>>,
     /// VRAM caps at PreStartContainer; `None` without the API.
     pub vram: Option<Arc<crate::vram::VramCaps>>,
+    /// Allocate metrics and the registration state.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl KubeletConfig {
@@ -128,6 +130,7 @@ async fn serve_once(
         allocator: config.allocator.clone(),
         vram: config.vram.clone(),
         stopping: stopping_rx,
+        metrics: config.metrics.clone(),
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(
@@ -144,6 +147,7 @@ async fn serve_once(
             Ended::KubeletRestarted
         }
     };
+    config.metrics.set_kubelet_registered(false);
     stopping.send_replace(true);
     let _ = stop.send(());
     if tokio::time::timeout(Duration::from_secs(5), server)
@@ -178,6 +182,7 @@ async fn serve_until_restart(
     if !registered.await {
         return "our socket was removed before kubelet accepted the registration";
     }
+    config.metrics.set_kubelet_registered(true);
     let mut tick = tokio::time::interval(WATCH_INTERVAL);
     loop {
         tokio::select! {

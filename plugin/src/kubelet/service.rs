@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service kubelet calls, over the device table.
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Instant};
 
 use futures_util::Stream;
 use proto::v1beta1::{
@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{allocator, config::KubeAccess, devices::DeviceTable};
+use crate::{allocator, config::KubeAccess, devices::DeviceTable, metrics::Metrics};
 
 /// A source of preferred devices that knows more than the topology: HAMi's
 /// decision for the pod being admitted. Consulted first by
@@ -46,6 +46,8 @@ pub struct PluginService {
     /// Turns true when this server stops: open streams end so that the
     /// server's graceful shutdown does not wait on kubelet.
     pub stopping: watch::Receiver<bool>,
+    /// Allocate counts, errors and latency.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The options, the same in Register and GetDevicePluginOptions;
@@ -162,12 +164,15 @@ impl DevicePlugin for PluginService {
         if let Some(allocator) = &self.allocator {
             let mut container_responses = Vec::with_capacity(requests.len());
             for req in &requests {
+                let started = Instant::now();
                 let answer = allocator
                     .allocate(&req.devices_ids)
                     .instrument(info_span!("allocate", devices = ?req.devices_ids))
-                    .await
-                    .map_err(Status::failed_precondition)?;
-                container_responses.push(answer);
+                    .await;
+                let outcome = answer.as_ref().map(drop).map_err(|e| e.reason.label());
+                self.metrics.record_allocate(started.elapsed(), outcome);
+                container_responses
+                    .push(answer.map_err(|e| Status::failed_precondition(e.message))?);
             }
             return Ok(Response::new(AllocateResponse {
                 container_responses,
@@ -177,6 +182,8 @@ impl DevicePlugin for PluginService {
         let why = "amd-device-plugin runs with --kube none: without the Kubernetes API it \
                    cannot learn HAMi's decision for the pod, so it allocates nothing";
         warn!(?ids, "Allocate refused: {why}");
+        self.metrics
+            .record_allocate(std::time::Duration::ZERO, Err("no_kube"));
         Err(Status::failed_precondition(why))
     }
 
@@ -241,6 +248,7 @@ mod tests {
             allocator: None,
             vram: None,
             stopping: watch::channel(false).1,
+            metrics: Arc::new(Metrics::new()),
         }
     }
 

@@ -25,6 +25,7 @@ fn gpu(bdf: &str, uuid: &str) -> GpuInfo {
         memory_partition: String::new(),
         available_compute_partitions: vec![],
         health: "Healthy".into(),
+        health_reason: String::new(),
         partitions: vec![],
         links: vec![],
         partition_profiles: vec![],
@@ -107,11 +108,7 @@ fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSi
         mode,
         sink: sink.clone(),
         owners: Arc::new(Owners::new(None, "amd.com/gpu")),
-        caches: Caches {
-            node_name: "n".into(),
-            nodes: node_reader,
-            pods: pod_reader,
-        },
+        caches: Caches::from_stores("n", node_reader, pod_reader),
         snapshots,
         events: None,
     };

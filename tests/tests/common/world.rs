@@ -66,6 +66,18 @@ pub fn lock(api: &FakeApiServer) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The devices of the node's `hami.io/node-amd-register` (empty when absent).
+pub fn registered(api: &FakeApiServer) -> Vec<Value> {
+    api.get(Kind::Node, "", NODE)
+        .and_then(|n| {
+            n["metadata"]["annotations"]["hami.io/node-amd-register"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .and_then(|v| serde_json::from_str(&v).ok())
+        .unwrap_or_default()
+}
+
 pub async fn gpus(api: &FakeApiServer) -> Vec<Gpu> {
     let start = Instant::now();
     loop {
@@ -102,6 +114,8 @@ pub struct World {
     pub extra: Vec<String>,
     /// Extra `amd-gpud serve` arguments, for [`World::restart_both`].
     pub gpud_args: Vec<String>,
+    /// Where the plugin serves /metrics, /healthz and /readyz.
+    pub metrics: std::net::SocketAddr,
     _keep: (tempfile::TempDir, stack::Process),
 }
 
@@ -126,6 +140,16 @@ impl World {
         self._keep.1 =
             stack::gpud_with(&fake_node, &self.bus, self._keep.0.path(), 0, &args).unwrap();
         self.restart_plugin().await;
+    }
+
+    /// GETs `path` from the plugin's metrics server: status and body.
+    pub fn http(&self, path: &str) -> (u16, String) {
+        stack::http_get(self.metrics, path).unwrap()
+    }
+
+    /// The devices of the register annotation, in its order (by PCI address).
+    pub fn registered(&self) -> Vec<Value> {
+        registered(&self.api)
     }
 
     /// Stops the plugin and starts a new one (kubelet keeps running).
@@ -193,6 +217,8 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
     api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     let kubeconfig = api.kubeconfig(root.path()).display().to_string();
     let kubelet = FakeKubelet::start().await.unwrap();
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], stack::free_port().unwrap()));
+    let metrics_arg = metrics.to_string();
     let extra = [
         "--kube",
         kubeconfig.as_str(),
@@ -202,6 +228,8 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
         hook_dir.as_str(),
         "--sandbox",
         super::sandbox_mode(),
+        "--metrics-address",
+        metrics_arg.as_str(),
     ];
     let mut extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
     extra.extend_from_slice(setup.plugin_args);
@@ -219,6 +247,7 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
         plugin,
         extra,
         gpud_args: setup.gpud_args.iter().map(ToString::to_string).collect(),
+        metrics,
         _keep: (root, gpud),
     }
 }

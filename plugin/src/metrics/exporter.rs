@@ -1,0 +1,47 @@
+//! The plugin's [`Exporter`]: per-GPU series refreshed at each scrape from
+//! amd-gpud's inventory and the pod cache (so nothing on the Allocate path
+//! computes them), readiness from the kubelet registration and amd-gpud.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::{Exporter, Metrics, usage};
+use crate::{gpud_client::Snapshot, kube::Caches};
+
+/// What `/metrics` and `/readyz` read.
+#[derive(Clone)]
+pub struct NodeExporter {
+    pub metrics: Arc<Metrics>,
+    pub snapshots: watch::Receiver<Snapshot>,
+    /// The watch caches; `None` with `--kube none`.
+    pub caches: Option<Caches>,
+    /// `--split-count`.
+    pub split_count: u32,
+}
+
+impl Exporter for NodeExporter {
+    fn metrics(&self) -> Result<String, String> {
+        let snapshot = self.snapshots.borrow().clone();
+        let usage = match &self.caches {
+            Some(caches) => {
+                self.metrics.set_apiserver_connected(caches.connected());
+                usage(&caches.pods.state())
+            }
+            None => super::Usage::new(),
+        };
+        self.metrics
+            .observe_gpus(&snapshot, self.split_count, &usage);
+        self.metrics.encode().map_err(|e| e.to_string())
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        if !self.metrics.kubelet_registered() {
+            return Err("not registered with kubelet".to_owned());
+        }
+        if !self.snapshots.borrow().connected {
+            return Err("amd-gpud is not connected".to_owned());
+        }
+        Ok(())
+    }
+}
