@@ -99,9 +99,13 @@ async fn scenario() {
     ] {
         assert_eq!(value(&scrape, connection, &[]), 1.0, "{connection}");
     }
-    let landlock = |status| value(&scrape, "amdgpu_dp_landlock_status", &[("status", status)]);
-    // The world runs the plugin with `--sandbox required` where the kernel
-    // enforces all of it, else best-effort.
+    check_landlock(&scrape);
+}
+
+/// The world runs the plugin with `--sandbox required` where the kernel
+/// enforces all of it, else best-effort.
+fn check_landlock(scrape: &Scrape) {
+    let landlock = |status| value(scrape, "amdgpu_dp_landlock_status", &[("status", status)]);
     let expected = if common::sandbox_mode() == "required" {
         "fully_enforced"
     } else {
