@@ -123,6 +123,10 @@ pub struct Cli {
         value_name = "ADDR:PORT|none"
     )]
     pub metrics_address: MetricsAddress,
+    /// Seconds between full re-reads of amd-gpud's inventory and health,
+    /// besides its change signals (a missed signal costs at most one pulse).
+    #[arg(long, env = "AMDGPU_DP_HEALTH_PULSE", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
+    pub health_pulse: u64,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,

@@ -73,16 +73,18 @@ pub enum SessionError {
 }
 
 /// Starts following amd-gpud; the receiver always holds the latest snapshot.
-pub fn spawn(bus: Bus) -> watch::Receiver<Snapshot> {
+/// Besides the signals, the whole inventory (health included) is read again
+/// every `pulse`, so that a missed signal costs at most one pulse.
+pub fn spawn(bus: Bus, pulse: Duration) -> watch::Receiver<Snapshot> {
     let (tx, rx) = watch::channel(Snapshot::default());
-    tokio::spawn(follow(bus, tx));
+    tokio::spawn(follow(bus, tx, pulse));
     rx
 }
 
-async fn follow(bus: Bus, tx: watch::Sender<Snapshot>) {
+async fn follow(bus: Bus, tx: watch::Sender<Snapshot>, pulse: Duration) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match session(&bus, &tx).await {
+        match session(&bus, &tx, pulse).await {
             Ok(()) => backoff = Duration::from_millis(200),
             Err(err) => {
                 warn!(
@@ -118,7 +120,11 @@ pub async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
 
 /// One connection's life: ends `Ok` when amd-gpud's owner changes (read
 /// everything again with fresh proxies), `Err` when the bus goes away.
-async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionError> {
+async fn session(
+    bus: &Bus,
+    tx: &watch::Sender<Snapshot>,
+    pulse: Duration,
+) -> Result<(), SessionError> {
     let conn = connect(bus).await?;
     let dbus = DBusProxy::new(&conn).await?;
     let mut owners = dbus
@@ -130,8 +136,11 @@ async fn session(bus: &Bus, tx: &watch::Sender<Snapshot>) -> Result<(), SessionE
         .await?;
     let mut changes = node.receive_inventory_changed().await?;
     refresh(&conn, &node, tx).await;
+    let mut resync = tokio::time::interval(pulse.max(Duration::from_secs(1)));
+    resync.tick().await;
     loop {
         tokio::select! {
+            _ = resync.tick() => refresh(&conn, &node, tx).await,
             () = conn.closed() => return Err(SessionError::BusLost),
             owner = owners.next() => {
                 let appeared = owner

@@ -141,7 +141,7 @@ pub async fn serve(cli: Cli, kube_config: Option<::kube::Config>) -> anyhow::Res
         sandbox::Enforcement::Full => metrics::LandlockStatus::FullyEnforced,
     });
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let raw = gpud_client::spawn(bus.clone());
+    let raw = gpud_client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
     let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
     let snapshots = partition::follow(raw.clone(), mode);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
