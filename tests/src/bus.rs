@@ -148,6 +148,11 @@ impl PrivateBus {
         Ok(bus)
     }
 
+    /// The dbus-daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Kills the daemon with SIGKILL and reaps it, as a broker crash would. Idempotent.
     pub fn kill(&mut self) {
         // Errors mean it is already dead and reaped.

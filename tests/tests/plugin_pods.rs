@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::world::{Gpu, NODE, World, grant, lock, pod_annotation, schedule, world};
+use common::world::{Gpu, NODE, World, grant, pod_annotation, released, schedule, world};
 use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
@@ -74,7 +74,7 @@ async fn init_and_app() {
         pod_annotation(&w.api, "staged", "hami.io/bind-phase").as_deref(),
         Some("success")
     );
-    assert_eq!(lock(&w.api), None);
+    assert!(released(&w.api).await, "the lock is released");
     assert_eq!(cus_of(&w.api, "staged", g5).as_deref(), Some("0-151"));
     let spare: Value =
         serde_json::from_str(&pod_annotation(&w.api, "staged", SPARE).unwrap()).unwrap();

@@ -4,6 +4,7 @@
 //! node lock when the pod is complete. Reads come from the watch caches.
 
 mod hint;
+mod lock;
 mod occupancy;
 mod ours;
 mod pod;
@@ -118,7 +119,7 @@ pub struct Allocator {
     caches: Caches,
     snapshots: watch::Receiver<Snapshot>,
     config: AllocateConfig,
-    serial: Mutex<()>,
+    serial: Arc<Mutex<()>>,
     /// Our writes laid over the cache (see [`ours`]).
     ours: ours::Ours,
     events: Events,
@@ -152,7 +153,7 @@ impl Allocator {
             caches,
             snapshots,
             config,
-            serial: Mutex::new(()),
+            serial: Arc::new(Mutex::new(())),
             ours: ours::Ours::default(),
         }
     }
@@ -166,7 +167,7 @@ impl Allocator {
         &self,
         ids: &[String],
     ) -> Result<ContainerAllocateResponse, AllocateError> {
-        let _serial = self.serial.lock().await;
+        let serial = Arc::clone(&self.serial).lock_owned().await;
         let node = self.caches.node();
         let (pods, edited) = self.ours.view(self.caches.pods.state());
         self.report_distrust(edited);
@@ -179,7 +180,17 @@ impl Allocator {
         };
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
         match self.allocate_for(&pod, &pods, ids.len()).await {
-            Ok(answer) => {
+            Ok((answer, complete)) => {
+                if complete {
+                    // Kubelet need not wait for the lock; the next Allocate
+                    // does (it waits for `serial`, held until the release).
+                    let (client, caches) = (self.client.clone(), self.caches.clone());
+                    let pod = Arc::clone(&pod);
+                    tokio::spawn(async move {
+                        lock::release(&client, &caches, &pod).await;
+                        drop(serial);
+                    });
+                }
                 info!(pod = %who, devices = ids.len(), "allocated");
                 let owner = PodRef {
                     namespace: pod.namespace().unwrap_or_default(),
@@ -224,7 +235,7 @@ impl Allocator {
         pod: &Arc<Pod>,
         pods: &[Arc<Pod>],
         count: usize,
-    ) -> Result<ContainerAllocateResponse, AllocateError> {
+    ) -> Result<(ContainerAllocateResponse, bool), AllocateError> {
         let value = pod
             .annotations()
             .get(TO_ALLOCATE_KEY)
@@ -291,10 +302,7 @@ impl Allocator {
             .await
             .because(Reason::ApiWrite)?;
         self.ours.recorded(&written);
-        if complete {
-            self.release_lock(pod).await;
-        }
-        Ok(answer)
+        Ok((answer, complete))
     }
 
     /// One Warning Event per forged claim (pod and value) on the pod.
@@ -343,51 +351,8 @@ impl Allocator {
             warn!("{err}");
         }
         if release {
-            self.release_lock(pod).await;
+            lock::release(&self.client, &self.caches, pod).await;
         }
-    }
-
-    /// Releases `hami.io/mutex.lock` if this pod holds it, guarded by the
-    /// node's resourceVersion (§3.7). On a conflict the node is read again,
-    /// ownership checked again, and the release retried with back-off.
-    async fn release_lock(&self, pod: &Pod) {
-        let owner = (pod.namespace().unwrap_or_default(), pod.name_any());
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let mut node = self.caches.node().map(|n| (*n).clone());
-        let mut backoff = std::time::Duration::from_millis(100);
-        for attempt in 1..=5 {
-            let Some(current) = node.take() else { return };
-            if pod::lock_owner(&current).ok().flatten() != Some(owner.clone()) {
-                return;
-            }
-            let body = json!({ "metadata": {
-                "annotations": { LOCK_KEY: null },
-                "resourceVersion": current.resource_version(),
-            }});
-            let (params, patch) = (PatchParams::default(), Patch::Merge(&body));
-            match tokio::time::timeout(
-                CALL_TIMEOUT,
-                nodes.patch(&self.caches.node_name, &params, &patch),
-            )
-            .await
-            {
-                Ok(Ok(_)) => {
-                    info!("released the node lock");
-                    return;
-                }
-                Ok(Err(err)) => warn!(attempt, "releasing the node lock failed: {err}"),
-                Err(_) => warn!(attempt, "releasing the node lock timed out"),
-            }
-            tokio::time::sleep(backoff).await;
-            backoff *= 2;
-            node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name))
-                .await
-                .ok()
-                .and_then(Result::ok);
-        }
-        warn!(
-            "gave up releasing the node lock after 5 attempts; HAMi takes it back after its expiry"
-        );
     }
 }
 

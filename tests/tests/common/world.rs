@@ -66,6 +66,19 @@ pub fn lock(api: &FakeApiServer) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Whether the node lock is gone within a few seconds (the plugin releases
+/// it in the background once a pod is complete; kubelet does not wait).
+pub async fn released(api: &FakeApiServer) -> bool {
+    let start = Instant::now();
+    while lock(api).is_some() {
+        if start.elapsed() > Duration::from_secs(5) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 /// The devices of the node's `hami.io/node-amd-register` (empty when absent).
 pub fn registered(api: &FakeApiServer) -> Vec<Value> {
     api.get(Kind::Node, "", NODE)
