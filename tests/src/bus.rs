@@ -89,6 +89,11 @@ pub enum Policy {
     /// send_destination="io.hami.AmdGpu1"/></policy>`: anyone may call `amd-gpud`, so
     /// only its in-method UID check stands between other UIDs and its methods.
     Relaxed,
+    /// The shipped file plus a final default-context rule letting anyone own
+    /// [`BUS_NAME`], call it and receive its signals: amd-gpud and the plugin
+    /// run as an ordinary user (the node simulator without root). Never a
+    /// node's policy.
+    Unprivileged,
 }
 
 /// A running private `dbus-daemon`; killed and reaped on drop.
@@ -235,6 +240,11 @@ fn bus_config(socket: &Path, policy_file: &Path, policy: Policy) -> String {
         Policy::Shipped => String::new(),
         Policy::Relaxed => format!(
             "  <policy context=\"default\">\n    <allow send_destination=\"{BUS_NAME}\"/>\n  \
+             </policy>\n"
+        ),
+        Policy::Unprivileged => format!(
+            "  <policy context=\"default\">\n    <allow own=\"{BUS_NAME}\"/>\n    \
+             <allow send_destination=\"{BUS_NAME}\"/>\n    <allow receive_sender=\"{BUS_NAME}\"/>\n  \
              </policy>\n"
         ),
     };
@@ -474,6 +484,9 @@ mod tests {
             .find("<allow send_destination=\"io.hami.AmdGpu1\"/>")
             .unwrap();
         assert!(allow > include);
+        let open = bus_config(socket, Path::new("/p.conf"), Policy::Unprivileged);
+        let own = open.find("<allow own=\"io.hami.AmdGpu1\"/>").unwrap();
+        assert!(own > open.find("<include>").unwrap());
     }
 
     #[test]

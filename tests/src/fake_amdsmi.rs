@@ -32,6 +32,14 @@ pub fn library() -> &'static Path {
 /// # Panics
 /// As [`library`].
 pub fn library_for(abi: &str) -> &'static Path {
+    try_library_for(abi).unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// As [`library_for`], with why the build failed instead of a panic.
+///
+/// # Errors
+/// When cargo cannot be run or the build fails (the message says which).
+pub fn try_library_for(abi: &str) -> Result<&'static Path, String> {
     static BUILDS: Mutex<Vec<(&'static str, &'static Path)>> = Mutex::new(Vec::new());
     let symbols = match abi {
         "6.2" => "abi-6-2",
@@ -42,12 +50,12 @@ pub fn library_for(abi: &str) -> &'static Path {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some((_, path)) = builds.iter().find(|(s, _)| *s == symbols) {
-        return path;
+        return Ok(path);
     }
-    let path = build(symbols).unwrap_or_else(|err| panic!("fake libamd_smi.so ({symbols}): {err}"));
+    let path = build(symbols).map_err(|err| format!("fake libamd_smi.so ({symbols}): {err}"))?;
     let path: &'static Path = Box::leak(path.into_boxed_path());
     builds.push((symbols, path));
-    path
+    Ok(path)
 }
 
 /// The ABI named by a fake-library fixture file (`"abi"`), if readable.

@@ -5,6 +5,8 @@
 //! [`bus`] runs a private system-type `dbus-daemon` with the shipped policy and calls it as
 //! other UIDs.
 //! [`criu_image`] writes CRIU amdgpu checkpoint images of a fake or captured node.
+//! [`hami_emulator`] does what HAMi's scheduler does for AMD pods; [`node_sim`] runs the
+//! whole node side on a fake node for `node-sim`.
 
 pub mod apiserver;
 pub mod bus;
@@ -13,5 +15,6 @@ pub mod fake_amdsmi;
 pub mod fixture;
 pub mod hami_emulator;
 pub mod kubelet;
+pub mod node_sim;
 pub mod release;
 pub mod stack;

@@ -182,6 +182,11 @@ fn route(shared: &Arc<Shared>, path: &str, req: &Req) -> Result<Response<Body>, 
         let version = json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake"});
         return Ok(json_response(StatusCode::OK, &version));
     }
+    if req.method == Method::GET
+        && let Some(document) = super::discovery::document(path)
+    {
+        return Ok(json_response(StatusCode::OK, &document));
+    }
     let route = parse_path(path).ok_or_else(|| {
         Failure::new(
             404,

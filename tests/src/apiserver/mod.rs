@@ -16,11 +16,13 @@
 //! * POST (409 `AlreadyExists`), PUT and PATCH (`merge-patch+json`; `strategic-merge-patch+json`
 //!   handled as a merge patch) with the `metadata.resourceVersion` precondition (409
 //!   `Conflict`, nothing changed), DELETE (immediate, no grace period);
-//! * for pods and nodes the main resource ignores `status` and `status` ignores `spec`.
+//! * for pods and nodes the main resource ignores `status` and `status` ignores `spec`;
+//! * the legacy discovery documents (`/api`, `/apis`, `/api/v1`, ...), so kubectl works.
 //!
 //! The server runs on its own thread and runtime, so it works from sync and async tests
 //! alike, and stops when dropped.
 
+mod discovery;
 mod http;
 mod merge;
 mod select;

@@ -1,0 +1,216 @@
+//! The node simulator behind `node-sim`: the whole node side on a fake node,
+//! with HAMi's scheduler emulated, driven by example pod manifests.
+//!
+//! For each operating mode the pods need ([`options::Mode`]) one node is
+//! started ([`node::SimNode`]): a builder fixture with the fake AMD SMI
+//! library, a private D-Bus, amd-gpud, the plugin and a fake kubelet, all
+//! registered on one fake API server. Each pod is then placed by HAMi's
+//! Filter ([`crate::hami_emulator::filter`]) and bound, and admitted as
+//! kubelet would ([`admit`]); the [`report::Report`] says what HAMi saw and
+//! what every container got, with a picture of CU occupancy ([`picture`]).
+//! Everything started stops when the [`Simulation`] is dropped.
+
+pub mod admit;
+pub mod error;
+pub mod node;
+pub mod options;
+pub mod picture;
+pub mod pods;
+pub mod render;
+pub mod report;
+
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use tempfile::TempDir;
+
+pub use self::{error::SimError, options::Options};
+use self::{
+    node::SimNode,
+    options::{Mode, ModeArg},
+    pods::ExamplePod,
+    report::{NodeReport, PodReport, Report},
+};
+use crate::{
+    apiserver::FakeApiServer,
+    bus::{self, Policy},
+    hami_emulator::request::GpuPolicy,
+};
+
+/// Progress lines on stderr, with the time since start.
+#[derive(Debug)]
+pub struct Progress {
+    start: Instant,
+    quiet: bool,
+}
+
+impl Progress {
+    pub fn new(quiet: bool) -> Self {
+        Self {
+            start: Instant::now(),
+            quiet,
+        }
+    }
+
+    /// One line about `node`.
+    pub fn step(&self, node: &str, message: &str) {
+        if !self.quiet {
+            let secs = self.start.elapsed().as_secs_f64();
+            eprintln!("[{secs:>5.1} s] {node:<24} {message}");
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// What every node shares: the fake API server, the scratch directory, and
+/// how to start the processes.
+pub struct Session {
+    pub api: FakeApiServer,
+    /// The kubeconfig of [`Self::api`].
+    pub kubeconfig: PathBuf,
+    pub progress: Progress,
+    /// The binary that runs amd-gpud (`EXE gpud ...`) and the plugin (`EXE plugin ...`).
+    pub exe: PathBuf,
+    /// `Shipped` as root; `Unprivileged` otherwise, so that amd-gpud may own its name.
+    pub bus_policy: Policy,
+    /// The UID everything runs as (amd-gpud's `--plugin-uid`).
+    pub uid: u32,
+    /// Fake host roots, logs, the kubeconfig; removed last.
+    pub dir: TempDir,
+}
+
+impl Session {
+    /// Starts the fake API server in a fresh scratch directory.
+    ///
+    /// # Errors
+    /// When the directory or the server cannot be made.
+    pub fn start(exe: PathBuf, quiet: bool) -> Result<Self, SimError> {
+        let progress = Progress::new(quiet);
+        let dir = scratch().map_err(SimError::start("a scratch directory"))?;
+        let api = FakeApiServer::start().map_err(SimError::start("the fake API server"))?;
+        let kubeconfig = api.kubeconfig(dir.path());
+        let uid = bus::effective_uid().map_err(SimError::start("reading our UID"))?;
+        let bus_policy = if uid == 0 {
+            Policy::Shipped
+        } else {
+            Policy::Unprivileged
+        };
+        progress.step("api-server", &format!("fake API server at {}", api.url()));
+        Ok(Self {
+            api,
+            kubeconfig,
+            progress,
+            exe,
+            bus_policy,
+            uid,
+            dir,
+        })
+    }
+}
+
+/// A finished run whose processes are still up; dropping it stops them.
+pub struct Simulation {
+    pub report: Report,
+    pub nodes: Vec<SimNode>,
+    pub session: Session,
+}
+
+/// Loads the pods, starts a node per mode they need, admits them in order
+/// and builds the report. `exe` re-enters a binary that dispatches `gpud`,
+/// `plugin` and `amdsmi-probe` (node-sim itself).
+///
+/// # Errors
+/// Bad pod files or a node that cannot start; pods that do not fit or fail
+/// Allocate are in the report, not errors.
+pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError> {
+    let pods = pods::load(&options.pods)?;
+    let session = Session::start(exe, options.quiet)?;
+    let policy = GpuPolicy::from(options.gpu_policy);
+    let mut nodes = Vec::new();
+    let mut reports: Vec<PodReport> = Vec::new();
+    for (mode, group) in by_mode(&pods, options.mode) {
+        let name = options.node.as_deref().unwrap_or(mode.default_node());
+        let mut node = SimNode::start(&session, name, mode, &options.amdsmi).await?;
+        for pod in group {
+            reports.push(admit::admit(&session, &mut node, pod, policy).await);
+        }
+        nodes.push(node);
+    }
+    let letters = ('A'..='Z').chain('a'..='z');
+    for (report, letter) in reports.iter_mut().filter(|r| r.admitted()).zip(letters) {
+        report.letter = Some(letter);
+    }
+    let node_reports = nodes
+        .iter()
+        .map(|n| node_report(&session, n, &reports))
+        .collect();
+    let report = Report {
+        bus_policy: format!("{:?}", session.bus_policy),
+        gpu_policy: format!("{policy:?}").to_lowercase(),
+        nodes: node_reports,
+        pods: reports,
+        elapsed_ms: session.progress.elapsed_ms(),
+    };
+    Ok(Simulation {
+        report,
+        nodes,
+        session,
+    })
+}
+
+/// The pods per mode, cu first: every pod in `--mode` when given, else in
+/// the mode its annotation asks for (cu when none).
+fn by_mode(pods: &[ExamplePod], mode: ModeArg) -> Vec<(Mode, Vec<&ExamplePod>)> {
+    let of = |p: &ExamplePod| match mode {
+        ModeArg::Cu => Mode::Cu,
+        ModeArg::Partition => Mode::Partition,
+        ModeArg::Auto => p.mode.unwrap_or(Mode::Cu),
+    };
+    [Mode::Cu, Mode::Partition]
+        .into_iter()
+        .map(|m| (m, pods.iter().filter(|p| of(p) == m).collect::<Vec<_>>()))
+        .filter(|(_, group)| !group.is_empty())
+        .collect()
+}
+
+fn node_report(session: &Session, node: &SimNode, pods: &[PodReport]) -> NodeReport {
+    let register = node::register(session, &node.name).unwrap_or_default();
+    let devices = admit::devices(Some(&register));
+    NodeReport {
+        name: node.name.clone(),
+        fixture: node.fixture.clone(),
+        mode: node.mode,
+        amdsmi: node.amdsmi.clone(),
+        kubelet_devices: node.kubelet.devices().len(),
+        occupancy: picture::occupancy(&devices, pods, &node.name),
+        register,
+    }
+}
+
+/// A scratch directory on tmpfs when there is one (fake CPX roots are
+/// thousands of files).
+fn scratch() -> std::io::Result<TempDir> {
+    let shm = Path::new("/dev/shm");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("node-sim-");
+    match shm.is_dir().then(|| builder.tempdir_in(shm)) {
+        Some(Ok(dir)) => Ok(dir),
+        _ => builder.tempdir(),
+    }
+}
+
+/// `path` relative to the current directory when it is below it.
+pub fn shown_path(path: &Path) -> String {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
