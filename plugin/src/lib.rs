@@ -24,6 +24,8 @@ pub mod node_register;
 pub mod partition;
 pub mod sandbox;
 pub mod switcher;
+#[cfg(test)]
+mod testutil;
 pub mod vram;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};

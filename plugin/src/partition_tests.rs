@@ -5,28 +5,10 @@ use ipc::types::PartitionInfo;
 use super::*;
 
 fn gpu(bdf: &str, mode: &str) -> GpuInfo {
-    GpuInfo {
-        bdf: bdf.into(),
-        rocr_uuid: "GPU-8ecb9de71e8aa497".into(),
-        unique_id: "1".into(),
-        gfx: "gfx942".into(),
-        compute_units: 304,
-        cus_per_wgp: 1,
-        vram_bytes: 192 << 30,
-        numa_node: 0,
-        market_name: "AMD Instinct MI300X".into(),
-        amdsmi_uuid: String::new(),
-        vendor_id: 0x1002,
-        device_id: 0x74a1,
-        compute_partition: mode.into(),
-        memory_partition: "NPS1".into(),
-        available_compute_partitions: vec![],
-        health: ipc::HEALTHY.into(),
-        partitions: vec![],
-        links: vec![],
-        partition_profiles: vec![],
-        health_reason: String::new(),
-    }
+    let mut gpu = crate::testutil::mi300x(bdf, "GPU-8ecb9de71e8aa497");
+    gpu.compute_partition = mode.into();
+    gpu.memory_partition = "NPS1".into();
+    gpu
 }
 
 fn part(bdf: &str, index: u32, health: &str) -> PartitionInfo {

@@ -5,28 +5,10 @@ use ipc::types::GpuInfo;
 use super::*;
 
 fn gpu(bdf: &str, health: &str) -> GpuInfo {
-    GpuInfo {
-        bdf: bdf.into(),
-        rocr_uuid: format!("GPU-00000000000000{}", &bdf[5..7]),
-        unique_id: "1".into(),
-        gfx: "gfx942".into(),
-        compute_units: 304,
-        cus_per_wgp: 1,
-        vram_bytes: 192 << 30,
-        numa_node: 0,
-        market_name: String::new(),
-        amdsmi_uuid: String::new(),
-        vendor_id: 0x1002,
-        device_id: 0x74a1,
-        compute_partition: String::new(),
-        memory_partition: String::new(),
-        available_compute_partitions: vec![],
-        health: health.into(),
-        health_reason: String::new(),
-        partitions: vec![],
-        links: vec![],
-        partition_profiles: vec![],
-    }
+    let mut gpu = crate::testutil::mi300x(bdf, &format!("GPU-00000000000000{}", &bdf[5..7]));
+    gpu.market_name = String::new();
+    gpu.health = health.into();
+    gpu
 }
 
 fn line<'a>(text: &'a str, prefix: &str) -> &'a str {

@@ -8,28 +8,7 @@ use serde_json::json;
 use super::*;
 
 fn gpu(bdf: &str, uuid: &str) -> GpuInfo {
-    GpuInfo {
-        bdf: bdf.into(),
-        rocr_uuid: uuid.into(),
-        unique_id: "1".into(),
-        gfx: "gfx942".into(),
-        compute_units: 304,
-        cus_per_wgp: 1,
-        vram_bytes: 192 << 30,
-        numa_node: 0,
-        market_name: "AMD Instinct MI300X".into(),
-        amdsmi_uuid: String::new(),
-        vendor_id: 0x1002,
-        device_id: 0x74a1,
-        compute_partition: String::new(),
-        memory_partition: String::new(),
-        available_compute_partitions: vec![],
-        health: "Healthy".into(),
-        health_reason: String::new(),
-        partitions: vec![],
-        links: vec![],
-        partition_profiles: vec![],
-    }
+    crate::testutil::mi300x(bdf, uuid)
 }
 
 fn snapshot() -> Snapshot {
