@@ -143,6 +143,9 @@ async fn admissions(
             .await
             .map_err(|s| anyhow::anyhow!("Allocate of {name}: {}", s.message()))?;
         report.allocate.push(t.elapsed());
+        // The plugin releases the node lock in the background, after it has
+        // answered; count that write too (not timed).
+        wait_unlocked(api, NODE).await?;
         let after = api.requests();
         report.reads += (after.get + after.list) - (before.get + before.list);
         report.writes += after.patch - before.patch;
@@ -180,6 +183,19 @@ async fn two_patches(client: &Client, i: usize) -> anyhow::Result<Duration> {
         .patch("floor", &PatchParams::default(), &Patch::Merge(&body))
         .await?;
     Ok(t.elapsed())
+}
+
+async fn wait_unlocked(api: &FakeApiServer, node: &str) -> anyhow::Result<()> {
+    for _ in 0..500 {
+        let value = api.get(Kind::Node, "", node);
+        let locked =
+            value.is_some_and(|n| !n["metadata"]["annotations"]["hami.io/mutex.lock"].is_null());
+        if !locked {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    anyhow::bail!("the plugin did not release the lock of {node}")
 }
 
 fn lock_node(api: &FakeApiServer, node: &str, pod: &str) -> anyhow::Result<()> {

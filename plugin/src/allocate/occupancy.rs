@@ -31,12 +31,12 @@ fn terminal(pod: &Pod) -> bool {
     )
 }
 
-fn created(pod: &Pod) -> String {
-    pod.metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| format!("{:?}", t.0))
-        .unwrap_or_default()
+/// Creation time and name, the order in which claims are trusted (older first).
+fn age_key(pod: &Pod) -> (Option<&k8s_openapi::jiff::Timestamp>, Option<&str>) {
+    (
+        pod.metadata.creation_timestamp.as_ref().map(|t| &t.0),
+        pod.metadata.name.as_deref(),
+    )
 }
 
 /// CUs HAMi granted `pod` per GPU id, summed over its containers.
@@ -83,7 +83,7 @@ pub fn rebuild(pods: &[Arc<Pod>], totals: &Totals) -> Occupancy {
         distrusted: Vec::new(),
     };
     let mut ordered: Vec<&Arc<Pod>> = pods.iter().filter(|p| !terminal(p)).collect();
-    ordered.sort_by_key(|p| (created(p), p.name_any()));
+    ordered.sort_by(|a, b| age_key(a).cmp(&age_key(b)));
     for pod in ordered {
         let Some(value) = pod.annotations().get(CU_ALLOCATED_KEY) else {
             continue;

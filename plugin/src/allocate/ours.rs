@@ -60,30 +60,35 @@ impl Ours {
     pub fn view(&self, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let mut recent = lock(&self.recent);
         let mut record = lock(&self.record);
-        let mut live = HashSet::new();
+        if recent.is_empty() && record.is_empty() {
+            return (cached, Vec::new());
+        }
+        let live: HashSet<&str> = cached
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .chain(recent.values().filter_map(|p| p.metadata.uid.as_deref()))
+            .collect();
+        record.retain(|uid, _| live.contains(uid.as_str()));
         let mut edited = Vec::new();
         let pods: Vec<Arc<Pod>> = cached
-            .into_iter()
+            .iter()
             .map(|p| {
-                let key = key_of(&p);
-                let p = match recent.get(&key) {
-                    Some(ours) if resource_version(&p) < resource_version(ours) => Arc::clone(ours),
-                    Some(_) => {
-                        recent.remove(&key);
-                        p
-                    }
-                    None => p,
+                let p = match recent.get(&key_of(p)) {
+                    Some(ours) if resource_version(p) < resource_version(ours) => Arc::clone(ours),
+                    _ => Arc::clone(p),
                 };
-                let uid = p.uid().unwrap_or_default();
-                live.insert(uid.clone());
-                match record.get(&uid) {
+                match p.metadata.uid.as_deref().and_then(|uid| record.get(uid)) {
                     Some(values) => restore(p, values, &mut edited),
                     None => p,
                 }
             })
             .collect();
-        let pending: HashSet<String> = recent.values().filter_map(|p| p.uid()).collect();
-        record.retain(|uid, _| live.contains(uid) || pending.contains(uid));
+        // Our writes the watch has caught up with are dropped.
+        recent.retain(|key, ours| {
+            !cached
+                .iter()
+                .any(|p| &key_of(p) == key && resource_version(p) >= resource_version(ours))
+        });
         (pods, edited)
     }
 }
