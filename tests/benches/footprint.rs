@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
     let kubeconfig = api.kubeconfig(root.path()).display().to_string();
     let args = ["--kube", &kubeconfig, "--node-name", NODE, "--log", "warn"].map(str::to_owned);
     let plugin = stack::plugin(fake_node, &bus, kubelet.dir(), &args)?;
-    rt.block_on(kubelet.wait_devices(Duration::from_secs(60), |d| d.len() == 640))
+    rt.block_on(kubelet.wait_devices(Duration::from_secs(60), |d| d.len() == 80))
         .map_err(anyhow::Error::msg)?;
     let ids = registered_ids(&api)?;
     for i in 0..PODS {
@@ -78,7 +78,7 @@ fn main() -> anyhow::Result<()> {
     ];
     let used: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
     let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
-    println!("| measure (mi300x-8-cpx: 64 partitions, 640 devices; {PODS} pods) | value |");
+    println!("| measure (mi300x-8-cpx: 64 partitions, 80 devices; {PODS} pods) | value |");
     println!("|---|---|");
     println!(
         "| floor: peak RSS of the same binary printing its version | {} |",
