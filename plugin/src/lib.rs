@@ -88,24 +88,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// What the plugin may touch: the kubelet directory read-write, everything
 /// else it names read-only, the API server's port.
 fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Plan {
-    let mut read: Vec<std::path::PathBuf> = [
-        // In-cluster credentials (the token is re-read as it rotates), CA
-        // bundles, name resolution, D-Bus's machine id.
-        "/var/run/secrets/kubernetes.io/serviceaccount",
-        "/etc/ssl",
-        "/etc/ca-certificates",
-        "/etc/pki",
-        "/usr/share/ca-certificates",
-        "/usr/local/share/ca-certificates",
-        "/etc/resolv.conf",
-        "/etc/hosts",
-        "/etc/nsswitch.conf",
-        "/etc/machine-id",
-        "/var/lib/dbus/machine-id",
-    ]
-    .into_iter()
-    .map(std::path::PathBuf::from)
-    .collect();
+    let mut read: Vec<std::path::PathBuf> = sandbox::SYSTEM_READS
+        .iter()
+        .map(std::path::PathBuf::from)
+        .collect();
     read.push(cli.hook_path.clone());
     read.extend(
         cli.pod_resources()

@@ -28,6 +28,24 @@ use tracing::{info, warn};
 /// device ioctls).
 const ABI_WANTED: ABI = ABI::V5;
 
+/// Files of the container image every configuration reads: in-cluster
+/// credentials (the token is re-read as it rotates), CA bundles (and where
+/// their symlinks point), name resolution, D-Bus's machine id. Paths inside
+/// the plugin's own container, not the host's.
+pub const SYSTEM_READS: [&str; 11] = [
+    "/var/run/secrets/kubernetes.io/serviceaccount",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+    "/usr/share/ca-certificates",
+    "/usr/local/share/ca-certificates",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/machine-id",
+    "/var/lib/dbus/machine-id",
+];
+
 /// `--sandbox`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxMode {
