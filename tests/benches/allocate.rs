@@ -21,8 +21,6 @@ use kube::{
 use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
-    bus::{self, Policy, PrivateBus},
-    fixture::{self, BuildOptions},
     hami_emulator::{Grant, encode},
     kubelet::FakeKubelet,
     stack,
@@ -35,17 +33,9 @@ const LIVE_PODS: usize = 110;
 const CUS: u32 = 19;
 
 fn main() -> anyhow::Result<()> {
-    bus::ensure_plugin_user()?;
     let fake_node = Path::new(env!("CARGO_BIN_EXE_fake-node"));
-    let root = fixture::scratch_dir()?;
-    let spec = fixture::named("mi300x-8-spx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
-    let options = BuildOptions {
-        drm: true,
-        amdsmi_abi: None,
-    };
-    fixture::build(&spec, root.path(), &options)?;
-    let bus = PrivateBus::start(Policy::Shipped)?;
-    let _gpud = stack::gpud(fake_node, &bus, root.path(), 0)?;
+    let node = stack::bench_node(fake_node, "mi300x-8-spx", &[])?;
+    let (root, bus) = (&node.root, &node.bus);
     let api = FakeApiServer::start()?;
     api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "floor"}}));
@@ -69,7 +59,7 @@ fn main() -> anyhow::Result<()> {
         "warn",
     ]
     .map(str::to_owned);
-    let plugin = stack::plugin(fake_node, &bus, kubelet.dir(), &args)?;
+    let plugin = stack::plugin(fake_node, bus, kubelet.dir(), &args)?;
     rt.block_on(kubelet.wait_devices(Duration::from_secs(30), |d| d.len() == 80))
         .map_err(anyhow::Error::msg)?;
     let gpus = registered_gpus(&api)?;

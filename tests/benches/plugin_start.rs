@@ -13,34 +13,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tests::{
-    bus::{self, Policy, PrivateBus},
-    fixture::{self, BuildOptions},
-    kubelet::FakeKubelet,
-    stack,
-};
+use tests::{bus::PrivateBus, kubelet::FakeKubelet, stack};
 
 const ROUNDS: usize = 21;
 
 fn main() -> anyhow::Result<()> {
-    bus::ensure_plugin_user()?;
     let fake_node = Path::new(env!("CARGO_BIN_EXE_fake-node"));
-    let root = fixture::scratch_dir()?;
-    let spec = fixture::named("mi300x-8-spx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
-    let options = BuildOptions {
-        drm: true,
-        amdsmi_abi: None,
-    };
-    fixture::build(&spec, root.path(), &options)?;
-    let bus = PrivateBus::start(Policy::Shipped)?;
-    let _gpud = stack::gpud(fake_node, &bus, root.path(), 0)?;
+    let node = stack::bench_node(fake_node, "mi300x-8-spx", &[])?;
+    let bus = &node.bus;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let (mut start, mut exec, mut read) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        start.push(rt.block_on(first_answer(fake_node, &bus))?);
+        start.push(rt.block_on(first_answer(fake_node, bus))?);
         let t = Instant::now();
         let status = Command::new(fake_node)
             .args(["plugin", "--version"])
@@ -48,7 +35,7 @@ fn main() -> anyhow::Result<()> {
             .status;
         anyhow::ensure!(status.success(), "plugin --version failed");
         exec.push(t.elapsed());
-        read.push(rt.block_on(read_inventory(&bus))?);
+        read.push(rt.block_on(read_inventory(bus))?);
     }
     println!("| measure (mi300x-8-spx, 80 devices, {ROUNDS} rounds) | median | max |");
     println!("|---|---|---|");

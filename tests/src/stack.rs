@@ -237,3 +237,31 @@ pub fn rescan(bus: &PrivateBus) -> io::Result<()> {
         Err(io::Error::other(format!("Rescan failed: {}", out.stderr)))
     }
 }
+
+/// A builder fixture served by amd-gpud on a private bus with the shipped
+/// policy, as the benchmarks start it; dropped together.
+pub struct BenchNode {
+    pub root: tempfile::TempDir,
+    pub bus: PrivateBus,
+    pub gpud: Process,
+}
+
+/// Builds fixture `name` (DRM, no AMD SMI) on tmpfs and serves it with
+/// `fake_node gpud serve` and `gpud_args` (needs root: the shipped policy).
+///
+/// # Errors
+/// When the plugin user, the fixture, the bus or amd-gpud cannot be had.
+pub fn bench_node(fake_node: &Path, name: &str, gpud_args: &[&str]) -> io::Result<BenchNode> {
+    crate::bus::ensure_plugin_user()?;
+    let root = crate::fixture::scratch_dir()?;
+    let spec = crate::fixture::named(name)
+        .ok_or_else(|| io::Error::other(format!("no fixture named {name}")))?;
+    let options = crate::fixture::BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    };
+    crate::fixture::build(&spec, root.path(), &options)?;
+    let bus = PrivateBus::start(crate::bus::Policy::Shipped)?;
+    let gpud = gpud_with(fake_node, &bus, root.path(), 0, gpud_args)?;
+    Ok(BenchNode { root, bus, gpud })
+}
