@@ -337,10 +337,12 @@ struct Watch {
     changed: tokio::sync::watch::Receiver<u64>,
 }
 
+/// One watch event line, `type` first as the real API server writes it
+/// (its `WatchEvent` struct has `type` before `object`); clients that read
+/// the type first need not buffer the object.
 fn event_line(kind_of_change: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": kind_of_change, "object": object}).to_string();
-    line.push('\n');
-    Bytes::from(line)
+    let kind = Value::String(kind_of_change.to_owned());
+    Bytes::from(format!("{{\"type\":{kind},\"object\":{object}}}\n"))
 }
 
 impl Watch {
@@ -519,7 +521,7 @@ fn percent_decode(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_path, percent_decode};
+    use super::{Value, event_line, json, parse_path, percent_decode};
 
     #[test]
     fn decodes_queries_and_paths() {
@@ -537,5 +539,18 @@ mod tests {
         );
         assert!(parse_path("/api/v1/namespaces/ns/nodes").is_none());
         assert!(parse_path("/apis/apps/v1/deployments").is_none());
+    }
+
+    #[test]
+    fn event_lines_name_the_type_before_the_object() {
+        let line = event_line("MODIFIED", &json!({"metadata": {"name": "p\"1"}}));
+        let text = std::str::from_utf8(&line).unwrap();
+        assert!(
+            text.starts_with(r#"{"type":"MODIFIED","object":{"#),
+            "{text}"
+        );
+        assert!(text.ends_with("}\n"));
+        let parsed: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(parsed["object"]["metadata"]["name"], "p\"1");
     }
 }
