@@ -35,8 +35,8 @@ use crate::{
     devices::gpu_id,
     gpud_client::Snapshot,
     hami::{
-        CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, TO_ALLOCATE_KEY, has_pending,
-        parse_cu_allocated, parse_pod_devices, pop_next,
+        CU_ALLOCATED_KEY, ContainerDevice, CuAllocated, CuList, DevicesAnnotation, TO_ALLOCATE_KEY,
+        has_pending, parse_cu_allocated, parse_pod_devices, pop_next,
     },
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
     vram::{Owners, owners::PodRef},
@@ -122,6 +122,8 @@ pub struct Allocator {
     serial: Arc<Mutex<()>>,
     /// Our writes laid over the cache (see [`ours`]).
     ours: ours::Ours,
+    /// The cached pods' CU claims, judged once per pod version.
+    claims: occupancy::Claims,
     events: Events,
     /// (pod uid, annotation value) of forged claims already reported.
     reported: std::sync::Mutex<HashSet<(String, String)>>,
@@ -155,6 +157,7 @@ impl Allocator {
             config,
             serial: Arc::new(Mutex::new(())),
             ours: ours::Ours::default(),
+            claims: occupancy::Claims::default(),
         }
     }
 
@@ -197,8 +200,17 @@ impl Allocator {
                     name: pod.name_any(),
                     uid: pod.uid().unwrap_or_default(),
                 };
-                let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
-                self.owners.remember(ids, owner, |uid| live.contains(uid));
+                // Built only when the record is pruned.
+                let uids = std::cell::OnceCell::new();
+                let live = |uid: &str| {
+                    let uids: &HashSet<&str> = uids.get_or_init(|| {
+                        pods.iter()
+                            .filter_map(|p| p.metadata.uid.as_deref())
+                            .collect()
+                    });
+                    uids.contains(uid)
+                };
+                self.owners.remember(ids, owner, live);
                 Ok(answer)
             }
             Err(err) => {
@@ -236,12 +248,30 @@ impl Allocator {
         pods: &[Arc<Pod>],
         count: usize,
     ) -> Result<(ContainerAllocateResponse, bool), AllocateError> {
+        let (answer, annotations, complete) = self.plan(pod, pods, count)?;
+        let written = self
+            .patch_pod(pod, annotations)
+            .await
+            .because(Reason::ApiWrite)?;
+        self.ours.recorded(&written);
+        Ok((answer, complete))
+    }
+
+    /// Everything Allocate decides before it writes: the pod's next entry,
+    /// the CU slices, kubelet's answer and the pod annotations to write (and
+    /// whether they complete the pod).
+    fn plan(
+        &self,
+        pod: &Pod,
+        pods: &[Arc<Pod>],
+        count: usize,
+    ) -> Result<(ContainerAllocateResponse, Value, bool), AllocateError> {
         let value = pod
             .annotations()
             .get(TO_ALLOCATE_KEY)
-            .cloned()
+            .map(String::as_str)
             .unwrap_or_default();
-        let (entry, rest) = pop_next(&value)
+        let (entry, rest) = pop_next(value)
             .because(Reason::Annotation)?
             .ok_or_else(|| {
                 AllocateError::new(
@@ -256,40 +286,8 @@ impl Allocator {
             );
             return Err(AllocateError::new(Reason::DeviceCount, message));
         }
-        let snapshot = self.snapshots.borrow().clone();
-        let gpus: HashMap<String, usize> = snapshot
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (gpu_id(g), i))
-            .collect();
-        let totals = snapshot
-            .gpus
-            .iter()
-            .map(|g| (gpu_id(g), g.compute_units))
-            .collect();
-        let occupancy = occupancy::rebuild(pods, &totals);
-        self.report_distrust(occupancy.distrusted);
-        let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
-        let mut slices = Vec::with_capacity(entry.len());
-        for device in &entry {
-            let index = *gpus.get(&device.uuid).ok_or_else(|| {
-                let message = format!(
-                    "HAMi assigned GPU {:?}, which this node does not have",
-                    device.uuid
-                );
-                AllocateError::new(Reason::UnknownGpu, message)
-            })?;
-            let gpu = &snapshot.gpus[index];
-            let parts = snapshot
-                .partitions
-                .get(&gpu.bdf)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let slice = response::slice(gpu, parts, device, &mut maps, &mut reuse);
-            slices.push(slice.because(Reason::Slice)?);
-        }
+        let slices = self.slices(&entry, pods, &mut reuse)?;
         let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
         let (mut annotations, complete) =
             write_back(pod, &slices, rest).because(Reason::Annotation)?;
@@ -297,12 +295,47 @@ impl Allocator {
             annotations[CU_SPARE_KEY] = Value::String(spare);
         }
         info!(role = ?reuse.role(), "CUs chosen");
-        let written = self
-            .patch_pod(pod, annotations)
-            .await
-            .because(Reason::ApiWrite)?;
-        self.ours.recorded(&written);
-        Ok((answer, complete))
+        Ok((answer, annotations, complete))
+    }
+
+    /// The CU slice of each GPU of `entry`, around every live pod's claims.
+    fn slices(
+        &self,
+        entry: &[ContainerDevice],
+        pods: &[Arc<Pod>],
+        reuse: &mut reuse::Reuse,
+    ) -> Result<Vec<response::Slice>, AllocateError> {
+        let snapshot = self.snapshots.borrow();
+        let totals = snapshot
+            .gpus
+            .iter()
+            .map(|g| (gpu_id(g), g.compute_units))
+            .collect();
+        let occupancy = self.claims.rebuild(pods, &totals);
+        self.report_distrust(occupancy.distrusted);
+        let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
+        let mut slices = Vec::with_capacity(entry.len());
+        for device in entry {
+            let gpu = snapshot
+                .gpus
+                .iter()
+                .find(|g| gpu_id(g) == device.uuid)
+                .ok_or_else(|| {
+                    let message = format!(
+                        "HAMi assigned GPU {:?}, which this node does not have",
+                        device.uuid
+                    );
+                    AllocateError::new(Reason::UnknownGpu, message)
+                })?;
+            let parts = snapshot
+                .partitions
+                .get(&gpu.bdf)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let slice = response::slice(gpu, parts, device, &mut maps, reuse);
+            slices.push(slice.because(Reason::Slice)?);
+        }
+        Ok(slices)
     }
 
     /// One Warning Event per forged claim (pod and value) on the pod.
@@ -329,7 +362,7 @@ impl Allocator {
         }
     }
 
-    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<Pod, String> {
+    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<Arc<Pod>, String> {
         let ns = pod.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let body = json!({ "metadata": { "annotations": annotations } });
@@ -337,7 +370,8 @@ impl Allocator {
         match tokio::time::timeout(CALL_TIMEOUT, api.patch(&pod.name_any(), &params, &patch)).await
         {
             Ok(Ok(written)) => {
-                self.ours.wrote(written.clone());
+                let written = Arc::new(written);
+                self.ours.wrote(Arc::clone(&written));
                 Ok(written)
             }
             Ok(Err(err)) => Err(format!("patching the pod: {err}")),

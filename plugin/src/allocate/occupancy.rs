@@ -17,7 +17,8 @@ use super::reuse;
 use crate::{
     cu::CuBitmap,
     hami::{
-        ALLOCATED_KEY, CU_ALLOCATED_KEY, DevicesAnnotation, parse_cu_allocated, parse_pod_devices,
+        ALLOCATED_KEY, CU_ALLOCATED_KEY, CuList, DevicesAnnotation, parse_cu_allocated,
+        parse_pod_devices,
     },
 };
 
@@ -73,73 +74,187 @@ pub struct Occupancy {
     pub distrusted: Vec<Distrust>,
 }
 
-/// The bitmaps of every GPU in `totals`, with every live pod's claims.
-pub fn rebuild(pods: &[Arc<Pod>], totals: &Totals) -> Occupancy {
-    let mut out = Occupancy {
-        maps: totals
-            .iter()
-            .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
-            .collect(),
-        distrusted: Vec::new(),
-    };
-    let mut ordered: Vec<&Arc<Pod>> = pods.iter().filter(|p| !terminal(p)).collect();
-    ordered.sort_by(|a, b| age_key(a).cmp(&age_key(b)));
-    for pod in ordered {
-        let Some(value) = pod.annotations().get(CU_ALLOCATED_KEY) else {
-            continue;
-        };
-        let problems = add_pod(pod, value, &mut out.maps);
-        if !problems.is_empty() {
-            let reason = problems.join("; ");
-            let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-            warn!(pod = %who, "not trusting {CU_ALLOCATED_KEY}: {reason}");
-            out.distrusted.push(Distrust {
-                namespace: pod.namespace().unwrap_or_default(),
-                name: pod.name_any(),
-                uid: pod.uid().unwrap_or_default(),
-                value: value.clone(),
-                reason,
-            });
-        }
-    }
-    out
+/// One pod's claim on one GPU, judged against what HAMi granted the pod.
+#[derive(Debug)]
+enum GpuClaim {
+    /// Left out whatever the node holds (not granted, more than granted).
+    Refused(String),
+    /// The CUs that count, and why the spare set was not trusted (then the
+    /// whole claim counts).
+    Counted {
+        gpu: String,
+        cus: CuList,
+        spare_problem: Option<String>,
+    },
 }
 
-/// Claims `pod`'s CUs (`value`) in `maps`; returns why parts were left out.
-fn add_pod(pod: &Pod, value: &str, maps: &mut HashMap<String, CuBitmap>) -> Vec<String> {
-    let claims = match parse_cu_allocated(value) {
-        Ok(c) => c,
-        Err(err) => return vec![err.to_string()],
+/// What one version of a pod claims, and what orders it among the others:
+/// everything that depends on that pod alone.
+#[derive(Debug)]
+struct Judged {
+    terminal: bool,
+    age: (Option<k8s_openapi::jiff::Timestamp>, Option<String>),
+    /// `hami.io/amd-cu-allocated`, when set.
+    value: Option<String>,
+    claims: Result<Vec<GpuClaim>, String>,
+}
+
+/// A cached pod version (by address) and its judgement.
+#[derive(Debug)]
+struct Kept {
+    address: usize,
+    /// Held so that the address cannot be reused by another pod while the
+    /// entry lives.
+    _held: Arc<Pod>,
+    judged: Arc<Judged>,
+}
+
+/// The bitmaps of every GPU in `totals`, with every live pod's claims.
+/// Allocate rebuilds the occupancy over every cached pod; each pod version
+/// (one `Arc` of the watch cache, whose contents never change) is parsed and
+/// judged once and looked up by address after that.
+#[derive(Debug, Default)]
+pub struct Claims(std::sync::Mutex<Vec<Kept>>);
+
+impl Claims {
+    pub fn rebuild(&self, pods: &[Arc<Pod>], totals: &Totals) -> Occupancy {
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Sorted by address; an entry moves on to `kept` when its pod is still cached.
+        let mut earlier: Vec<(usize, Option<Kept>)> = std::mem::take(&mut *kept)
+            .into_iter()
+            .map(|k| (k.address, Some(k)))
+            .collect();
+        let mut ordered = Vec::with_capacity(pods.len());
+        for pod in pods {
+            let address = Arc::as_ptr(pod).addr();
+            let found = earlier
+                .binary_search_by_key(&address, |(a, _)| *a)
+                .ok()
+                .and_then(|i| earlier[i].1.take());
+            let entry = found.unwrap_or_else(|| Kept {
+                address,
+                _held: Arc::clone(pod),
+                judged: Arc::new(judge(pod)),
+            });
+            let judged = Arc::clone(&entry.judged);
+            kept.push(entry);
+            if !judged.terminal && judged.value.is_some() {
+                ordered.push((judged.age.0, pod, judged));
+            }
+        }
+        kept.sort_unstable_by_key(|k| k.address);
+        // Older first; the name breaks ties (the time has whole seconds).
+        ordered.sort_by(|a, b| (a.0, &a.2.age.1).cmp(&(b.0, &b.2.age.1)));
+        let mut maps: Vec<(String, CuBitmap)> = totals
+            .iter()
+            .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
+            .collect();
+        let mut distrusted = Vec::new();
+        for (_, pod, judged) in ordered {
+            let problems = apply(&judged.claims, &mut maps);
+            if let (false, Some(value)) = (problems.is_empty(), &judged.value) {
+                distrusted.push(distrust(pod, value, problems.join("; ")));
+            }
+        }
+        Occupancy {
+            maps: maps.into_iter().collect(),
+            distrusted,
+        }
+    }
+}
+
+fn distrust(pod: &Pod, value: &str, reason: String) -> Distrust {
+    let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    warn!(pod = %who, "not trusting {CU_ALLOCATED_KEY}: {reason}");
+    Distrust {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        uid: pod.uid().unwrap_or_default(),
+        value: value.to_owned(),
+        reason,
+    }
+}
+
+/// Judges `pod`'s claim against its grant and its spare set.
+fn judge(pod: &Pod) -> Judged {
+    let value = pod.annotations().get(CU_ALLOCATED_KEY).cloned();
+    let claims = match &value {
+        None => Ok(Vec::new()),
+        Some(value) => parse_cu_allocated(value)
+            .map_err(|err| err.to_string())
+            .map(|claims| {
+                let granted = granted_cus(pod);
+                claims
+                    .0
+                    .iter()
+                    .map(|(gpu, list)| judge_gpu(pod, &granted, gpu, list))
+                    .collect()
+            }),
     };
-    let granted = granted_cus(pod);
+    let (created, name) = age_key(pod);
+    Judged {
+        terminal: terminal(pod),
+        age: (created.copied(), name.map(str::to_owned)),
+        value,
+        claims,
+    }
+}
+
+fn judge_gpu(pod: &Pod, granted: &HashMap<String, u32>, gpu: &str, list: &CuList) -> GpuClaim {
+    let allowed = granted.get(gpu).copied().unwrap_or(0);
+    let claimed = u32::try_from(list.iter().count()).unwrap_or(u32::MAX);
+    if allowed == 0 {
+        return GpuClaim::Refused(format!(
+            "it claims CUs on GPU {gpu}, which HAMi did not grant the pod"
+        ));
+    }
+    if claimed > allowed {
+        return GpuClaim::Refused(format!(
+            "it claims {claimed} CUs on GPU {gpu}, HAMi granted the pod {allowed}"
+        ));
+    }
+    let (cus, spare_problem) = match reuse::occupied(pod, gpu, list) {
+        Ok(cus) => (cus, None),
+        Err(why) => (list.clone(), Some(why)),
+    };
+    GpuClaim::Counted {
+        gpu: gpu.to_owned(),
+        cus,
+        spare_problem,
+    }
+}
+
+/// Claims a judged claim's CUs in `maps`; returns why parts were left out.
+fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]) -> Vec<String> {
+    let claims = match claims {
+        Ok(claims) => claims,
+        Err(err) => return vec![err.clone()],
+    };
     let mut problems = Vec::new();
-    for (gpu, list) in &claims.0 {
-        let allowed = granted.get(gpu).copied().unwrap_or(0);
-        let claimed = u32::try_from(list.iter().count()).unwrap_or(u32::MAX);
-        if allowed == 0 {
-            problems.push(format!(
-                "it claims CUs on GPU {gpu}, which HAMi did not grant the pod"
-            ));
-            continue;
-        }
-        if claimed > allowed {
-            problems.push(format!(
-                "it claims {claimed} CUs on GPU {gpu}, HAMi granted the pod {allowed}"
-            ));
-            continue;
-        }
-        let Some(map) = maps.get_mut(gpu) else {
+    for claim in claims {
+        let (gpu, cus, spare_problem) = match claim {
+            GpuClaim::Refused(why) => {
+                problems.push(why.clone());
+                continue;
+            }
+            GpuClaim::Counted {
+                gpu,
+                cus,
+                spare_problem,
+            } => (gpu, cus, spare_problem),
+        };
+        let Some((_, map)) = maps.iter_mut().find(|(id, _)| id == gpu) else {
             problems.push(format!(
                 "it claims CUs on GPU {gpu}, which this node does not have"
             ));
             continue;
         };
-        let list = reuse::occupied(pod, gpu, list).unwrap_or_else(|why| {
-            problems.push(why);
-            list.clone()
-        });
+        problems.extend(spare_problem.iter().cloned());
         let mut trial = map.clone();
-        let overlap = list
+        let overlap = cus
             .ranges()
             .iter()
             .find_map(|r| trial.claim(r.start..r.end.saturating_add(1)).err());
@@ -201,12 +316,41 @@ mod tests {
             r#"{"A":"70-79"}"#,
         );
         let garbage = pod("e", "2026-11-29T08:04:00Z", "A,T,1024,10:;", "not json");
-        let rebuilt = rebuild(&[honest, greedy, stranger, overlap, garbage], &totals);
+        let rebuilt =
+            Claims::default().rebuild(&[honest, greedy, stranger, overlap, garbage], &totals);
         let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["b", "c", "d", "e"], "each forged claim is reported");
         let maps = rebuilt.maps;
         assert_eq!(free(&maps), 304 - 76, "only the honest claim counts");
         assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
+    }
+
+    #[test]
+    fn a_kept_judgement_serves_only_the_same_pod_version() {
+        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let claims = Claims::default();
+        let first = pod(
+            "a",
+            "2026-11-29T08:00:00Z",
+            "A,T,1024,76:;",
+            r#"{"A":"0-75"}"#,
+        );
+        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals);
+        assert_eq!(free(&rebuilt.maps), 304 - 76);
+        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals);
+        assert_eq!(free(&rebuilt.maps), 304 - 76, "kept, same answer");
+        // Another version (a new object), even with the same resourceVersion
+        // (the plugin's record puts values back that way), is judged again.
+        let mut edited = (*first).clone();
+        edited
+            .annotations_mut()
+            .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-199"}"#.into());
+        let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals);
+        assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
+        assert_eq!(free(&rebuilt.maps), 304);
+        assert_eq!(claims.0.lock().unwrap().len(), 1, "one per cached pod");
+        claims.rebuild(&[], &totals);
+        assert!(claims.0.lock().unwrap().is_empty(), "gone with the pod");
     }
 
     #[test]
@@ -220,7 +364,9 @@ mod tests {
         );
         let mut finished = (*done).clone();
         finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        let maps = rebuild(&[Arc::new(finished)], &totals).maps;
+        let maps = Claims::default()
+            .rebuild(&[Arc::new(finished)], &totals)
+            .maps;
         assert_eq!(free(&maps), 304);
     }
 }

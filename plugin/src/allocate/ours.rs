@@ -23,71 +23,83 @@ use crate::hami::CU_ALLOCATED_KEY;
 /// The annotations of ours that a user's edit must not change.
 const RECORDED: [&str; 2] = [CU_ALLOCATED_KEY, CU_SPARE_KEY];
 
-type Key = (String, String);
-
-fn key_of(pod: &Pod) -> Key {
-    (pod.namespace().unwrap_or_default(), pod.name_any())
-}
-
 fn resource_version(pod: &Pod) -> Option<u64> {
-    pod.resource_version().and_then(|v| v.parse().ok())
+    pod.metadata.resource_version.as_deref()?.parse().ok()
 }
 
-/// Our writes, by pod.
+/// Pod uid -> the recorded annotations' values as we last wrote them, and
+/// the size at which entries of pods that are gone are next dropped.
+#[derive(Debug, Default)]
+struct Record {
+    values: HashMap<String, [Option<String>; 2]>,
+    prune_at: usize,
+}
+
+/// Our writes, by pod uid.
 #[derive(Debug, Default)]
 pub struct Ours {
-    recent: Mutex<HashMap<Key, Arc<Pod>>>,
-    /// Pod uid -> the recorded annotations' values as we last wrote them.
-    record: Mutex<HashMap<String, [Option<String>; 2]>>,
+    recent: Mutex<HashMap<String, Arc<Pod>>>,
+    record: Mutex<Record>,
 }
 
 impl Ours {
     /// Remembers `written`, as our patch returned it.
-    pub fn wrote(&self, written: Pod) {
-        lock(&self.recent).insert(key_of(&written), Arc::new(written));
+    pub fn wrote(&self, written: Arc<Pod>) {
+        if let Some(uid) = written.metadata.uid.clone() {
+            lock(&self.recent).insert(uid, written);
+        }
     }
 
     /// Remembers `written`'s CU annotations as ours (after an allocation).
     pub fn recorded(&self, written: &Pod) {
         let Some(uid) = written.uid() else { return };
         let values = RECORDED.map(|k| written.annotations().get(k).cloned());
-        lock(&self.record).insert(uid, values);
+        lock(&self.record).values.insert(uid, values);
     }
 
     /// `cached` with our newer writes laid over it, and our recorded values
     /// put back where a pod's annotations were edited (each such pod is
-    /// returned in the second list).
+    /// returned in the second list). Called on every Allocate: it allocates
+    /// nothing per unchanged pod.
     pub fn view(&self, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let mut recent = lock(&self.recent);
         let mut record = lock(&self.record);
+        // Records of pods that are gone are dropped each time the record has
+        // doubled since the last time (a uid never comes back).
+        if record.values.len() >= record.prune_at {
+            let live: HashSet<&str> = cached
+                .iter()
+                .chain(recent.values())
+                .filter_map(|p| p.metadata.uid.as_deref())
+                .collect();
+            record.values.retain(|uid, _| live.contains(uid.as_str()));
+            record.prune_at = 2 * record.values.len() + 16;
+        }
+        let record = &record.values;
         if recent.is_empty() && record.is_empty() {
             return (cached, Vec::new());
         }
-        let live: HashSet<&str> = cached
-            .iter()
-            .filter_map(|p| p.metadata.uid.as_deref())
-            .chain(recent.values().filter_map(|p| p.metadata.uid.as_deref()))
-            .collect();
-        record.retain(|uid, _| live.contains(uid.as_str()));
         let mut edited = Vec::new();
         let pods: Vec<Arc<Pod>> = cached
             .iter()
             .map(|p| {
-                let p = match recent.get(&key_of(p)) {
+                let uid = p.metadata.uid.as_deref();
+                let p = match uid.and_then(|uid| recent.get(uid)) {
                     Some(ours) if resource_version(p) < resource_version(ours) => Arc::clone(ours),
                     _ => Arc::clone(p),
                 };
-                match p.metadata.uid.as_deref().and_then(|uid| record.get(uid)) {
+                match uid.and_then(|uid| record.get(uid)) {
                     Some(values) => restore(p, values, &mut edited),
                     None => p,
                 }
             })
             .collect();
         // Our writes the watch has caught up with are dropped.
-        recent.retain(|key, ours| {
-            !cached
-                .iter()
-                .any(|p| &key_of(p) == key && resource_version(p) >= resource_version(ours))
+        recent.retain(|uid, ours| {
+            !cached.iter().any(|p| {
+                p.metadata.uid.as_deref() == Some(uid.as_str())
+                    && resource_version(p) >= resource_version(ours)
+            })
         });
         (pods, edited)
     }
@@ -96,15 +108,19 @@ impl Ours {
 /// `pod` with the recorded `values`; an edit is reported in `edited`.
 fn restore(pod: Arc<Pod>, values: &[Option<String>; 2], edited: &mut Vec<Distrust>) -> Arc<Pod> {
     let annotations = pod.annotations();
+    if RECORDED
+        .iter()
+        .zip(values)
+        .all(|(k, v)| annotations.get(*k) == v.as_ref())
+    {
+        return pod;
+    }
     let changed: Vec<&str> = RECORDED
         .iter()
         .zip(values)
         .filter(|(k, v)| annotations.get(**k) != v.as_ref())
         .map(|(k, _)| *k)
         .collect();
-    if changed.is_empty() {
-        return pod;
-    }
     let value = changed
         .iter()
         .map(|k| format!("{k}={:?}", annotations.get(*k)))
@@ -155,7 +171,7 @@ mod tests {
     #[test]
     fn our_newer_write_wins_until_the_cache_catches_up() {
         let ours = Ours::default();
-        ours.wrote(pod("7", Some(r#"{"A":"0-9"}"#)));
+        ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
         let (view, _) = ours.view(vec![Arc::new(pod("5", None))]);
         assert_eq!(view[0].resource_version().as_deref(), Some("7"));
         let (view, _) = ours.view(vec![Arc::new(pod("8", None))]);
@@ -181,10 +197,21 @@ mod tests {
     }
 
     #[test]
+    fn unchanged_pods_are_shared_not_copied() {
+        let ours = Ours::default();
+        let written = pod("7", Some(r#"{"A":"0-9"}"#));
+        ours.recorded(&written);
+        let cached = Arc::new(written);
+        let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
+        assert!(edited.is_empty());
+        assert!(Arc::ptr_eq(&view[0], &cached));
+    }
+
+    #[test]
     fn records_of_pods_that_are_gone_are_dropped() {
         let ours = Ours::default();
         ours.recorded(&pod("7", Some(r#"{"A":"0-9"}"#)));
         let (_, _) = ours.view(Vec::new());
-        assert!(lock(&ours.record).is_empty());
+        assert!(lock(&ours.record).values.is_empty());
     }
 }

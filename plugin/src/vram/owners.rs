@@ -28,10 +28,18 @@ pub struct PodRef {
     pub uid: String,
 }
 
+/// Device ids -> the pod they were allocated to, and the record's size
+/// at which entries of pods that are gone are next dropped.
+#[derive(Debug, Default)]
+struct Record {
+    by_ids: HashMap<BTreeSet<String>, PodRef>,
+    prune_at: usize,
+}
+
 /// Device ids -> the pod they were allocated to.
 #[derive(Debug)]
 pub struct Owners {
-    by_ids: Mutex<HashMap<BTreeSet<String>, PodRef>>,
+    record: Mutex<Record>,
     /// Kubelet's pod-resources socket; `None` disables recovery.
     pod_resources: Option<PathBuf>,
     resource_name: String,
@@ -40,25 +48,30 @@ pub struct Owners {
 impl Owners {
     pub fn new(pod_resources: Option<PathBuf>, resource_name: &str) -> Self {
         Self {
-            by_ids: Mutex::new(HashMap::new()),
+            record: Mutex::new(Record::default()),
             pod_resources,
             resource_name: resource_name.to_owned(),
         }
     }
 
-    /// Records that `ids` went to `pod`; entries of pods for which `live`
-    /// says no are dropped.
+    /// Records that `ids` went to `pod`. Entries of pods for which `live`
+    /// says no are dropped each time the record has doubled since it was
+    /// last pruned (a stale entry is harmless: the same ids allocated again
+    /// replace it), so that this stays cheap on every Allocate.
     pub fn remember(&self, ids: &[String], pod: PodRef, live: impl Fn(&str) -> bool) {
-        let mut map = self.by_ids.lock().unwrap_or_else(PoisonError::into_inner);
-        map.retain(|_, p| live(&p.uid));
-        map.insert(ids.iter().cloned().collect(), pod);
+        let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        if record.by_ids.len() >= record.prune_at {
+            record.by_ids.retain(|_, p| live(&p.uid));
+            record.prune_at = 2 * record.by_ids.len() + 16;
+        }
+        record.by_ids.insert(ids.iter().cloned().collect(), pod);
     }
 
     /// The recorded owner of exactly `ids`.
     pub fn get(&self, ids: &[String]) -> Option<PodRef> {
         let key: BTreeSet<String> = ids.iter().cloned().collect();
-        let map = self.by_ids.lock().unwrap_or_else(PoisonError::into_inner);
-        map.get(&key).cloned()
+        let record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        record.by_ids.get(&key).cloned()
     }
 
     /// Asks kubelet's pod-resources API which pod's container holds `ids`,
@@ -185,8 +198,12 @@ mod tests {
         };
         owners.remember(&["B".into(), "A".into()], p("u1"), |_| true);
         assert_eq!(owners.get(&["A".into(), "B".into()]), Some(p("u1")));
-        owners.remember(&["C".into()], p("u2"), |uid| uid != "u1");
-        assert_eq!(owners.get(&["A".into(), "B".into()]), None);
-        assert_eq!(owners.get(&["C".into()]), Some(p("u2")));
+        for i in 0..40 {
+            owners.remember(&[format!("C{i}")], p("u2"), |uid| uid != "u1");
+        }
+        assert_eq!(owners.get(&["A".into(), "B".into()]), None, "u1 is gone");
+        assert_eq!(owners.get(&["C39".into()]), Some(p("u2")));
+        let kept = owners.record.lock().unwrap().by_ids.len();
+        assert_eq!(kept, 40, "live entries are kept");
     }
 }
