@@ -253,14 +253,20 @@ fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]
             continue;
         };
         problems.extend(spare_problem.iter().cloned());
-        let mut trial = map.clone();
-        let overlap = cus
-            .ranges()
-            .iter()
-            .find_map(|r| trial.claim(r.start..r.end.saturating_add(1)).err());
-        match overlap {
-            Some(err) => problems.push(format!("{err} (an older pod's claim wins)")),
-            None => *map = trial,
+        // All or nothing: on an overlap the ranges claimed so far (free
+        // before, so releasing them is exact) are given back.
+        let ranges = cus.ranges();
+        let mut claimed = 0;
+        let overlap = ranges.iter().find_map(|r| {
+            let result = map.claim(r.start..r.end.saturating_add(1));
+            claimed += usize::from(result.is_ok());
+            result.err()
+        });
+        if let Some(err) = overlap {
+            for r in &ranges[..claimed] {
+                let _ = map.release(r.start..r.end.saturating_add(1));
+            }
+            problems.push(format!("{err} (an older pod's claim wins)"));
         }
     }
     problems
@@ -351,6 +357,29 @@ mod tests {
         assert_eq!(claims.0.lock().unwrap().len(), 1, "one per cached pod");
         claims.rebuild(&[], &totals);
         assert!(claims.0.lock().unwrap().is_empty(), "gone with the pod");
+    }
+
+    #[test]
+    fn a_claim_that_overlaps_in_its_second_range_claims_nothing() {
+        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let older = pod(
+            "g",
+            "2026-11-29T08:00:00Z",
+            "A,T,1024,6:;",
+            r#"{"A":"250-255"}"#,
+        );
+        let newer = pod(
+            "f",
+            "2026-11-29T08:01:00Z",
+            "A,T,1024,20:;",
+            r#"{"A":"200-209,250-259"}"#,
+        );
+        let rebuilt = Claims::default().rebuild(&[newer, older], &totals);
+        assert_eq!(rebuilt.distrusted.len(), 1);
+        assert_eq!(rebuilt.distrusted[0].name, "f");
+        let map = &rebuilt.maps["A"];
+        assert!(map.is_free(200) && map.is_free(209), "rolled back");
+        assert_eq!(map.free_count(), 304 - 6);
     }
 
     #[test]

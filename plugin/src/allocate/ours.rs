@@ -11,6 +11,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    hash::{Hash, Hasher},
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -35,11 +36,31 @@ struct Record {
     prune_at: usize,
 }
 
+/// A cached pod version (by address) that needed neither our overlay nor
+/// our record last time. Its uid's hash is kept inline so that our next
+/// write to it is noticed without reading the pod; the `Arc` is held so that
+/// the address is not reused.
+#[derive(Debug)]
+struct Clean {
+    address: usize,
+    uid_hash: u64,
+    _held: Arc<Pod>,
+}
+
 /// Our writes, by pod uid.
 #[derive(Debug, Default)]
 pub struct Ours {
     recent: Mutex<HashMap<String, Arc<Pod>>>,
     record: Mutex<Record>,
+    /// Sorted by address. A pod version stays clean: the record of a uid
+    /// changes only when we write that pod, which makes a new version.
+    clean: Mutex<Vec<Clean>>,
+}
+
+fn uid_hash(uid: &str) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    uid.hash(&mut hasher);
+    hasher.finish()
 }
 
 impl Ours {
@@ -59,8 +80,8 @@ impl Ours {
 
     /// `cached` with our newer writes laid over it, and our recorded values
     /// put back where a pod's annotations were edited (each such pod is
-    /// returned in the second list). Called on every Allocate: it allocates
-    /// nothing per unchanged pod.
+    /// returned in the second list). Called on every Allocate: a pod version
+    /// seen clean before is passed on without being read.
     pub fn view(&self, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let mut recent = lock(&self.recent);
         let mut record = lock(&self.record);
@@ -75,33 +96,70 @@ impl Ours {
             record.values.retain(|uid, _| live.contains(uid.as_str()));
             record.prune_at = 2 * record.values.len() + 16;
         }
-        let record = &record.values;
-        if recent.is_empty() && record.is_empty() {
+        if recent.is_empty() && record.values.is_empty() {
             return (cached, Vec::new());
         }
-        let mut edited = Vec::new();
-        let pods: Vec<Arc<Pod>> = cached
+        let ours: Vec<(u64, &str, &Arc<Pod>)> = recent
             .iter()
-            .map(|p| {
-                let uid = p.metadata.uid.as_deref();
-                let p = match uid.and_then(|uid| recent.get(uid)) {
-                    Some(ours) if resource_version(p) < resource_version(ours) => Arc::clone(ours),
-                    _ => Arc::clone(p),
-                };
-                match uid.and_then(|uid| record.get(uid)) {
-                    Some(values) => restore(p, values, &mut edited),
-                    None => p,
-                }
-            })
+            .map(|(uid, pod)| (uid_hash(uid), uid.as_str(), pod))
             .collect();
+        let mut clean = lock(&self.clean);
+        let mut earlier: Vec<(usize, Option<Clean>)> = std::mem::take(&mut *clean)
+            .into_iter()
+            .map(|c| (c.address, Some(c)))
+            .collect();
+        let (mut edited, mut caught_up) = (Vec::new(), Vec::new());
+        let mut pods = Vec::with_capacity(cached.len());
+        for p in cached {
+            let address = Arc::as_ptr(&p).addr();
+            let known = earlier
+                .binary_search_by_key(&address, |(a, _)| *a)
+                .ok()
+                .and_then(|i| earlier[i].1.take());
+            let hash = known.as_ref().map(|c| c.uid_hash);
+            let hash = hash.or_else(|| p.metadata.uid.as_deref().map(uid_hash));
+            let newer = ours
+                .iter()
+                .find(|(h, uid, _)| Some(*h) == hash && p.metadata.uid.as_deref() == Some(*uid));
+            if let Some((_, uid, ours)) = newer {
+                if resource_version(&p) >= resource_version(ours) {
+                    caught_up.push((*uid).to_owned());
+                } else {
+                    pods.push(restored(ours, &record.values, &mut edited));
+                    continue;
+                }
+            }
+            if let Some(known) = known {
+                clean.push(known);
+                pods.push(p);
+                continue;
+            }
+            let seen = restored(&p, &record.values, &mut edited);
+            if let (true, Some(uid_hash)) = (Arc::ptr_eq(&seen, &p), hash) {
+                clean.push(Clean {
+                    address,
+                    uid_hash,
+                    _held: p,
+                });
+            }
+            pods.push(seen);
+        }
+        clean.sort_unstable_by_key(|c| c.address);
         // Our writes the watch has caught up with are dropped.
-        recent.retain(|uid, ours| {
-            !cached.iter().any(|p| {
-                p.metadata.uid.as_deref() == Some(uid.as_str())
-                    && resource_version(p) >= resource_version(ours)
-            })
-        });
+        recent.retain(|uid, _| !caught_up.contains(uid));
         (pods, edited)
+    }
+}
+
+/// `pod` with its recorded values, if it has any (see [`restore`]).
+fn restored(
+    pod: &Arc<Pod>,
+    record: &HashMap<String, [Option<String>; 2]>,
+    edited: &mut Vec<Distrust>,
+) -> Arc<Pod> {
+    match pod.metadata.uid.as_deref().and_then(|uid| record.get(uid)) {
+        Some(values) => restore(Arc::clone(pod), values, edited),
+        None => Arc::clone(pod),
     }
 }
 
@@ -205,6 +263,27 @@ mod tests {
         let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
         assert!(edited.is_empty());
         assert!(Arc::ptr_eq(&view[0], &cached));
+    }
+
+    #[test]
+    fn a_pod_seen_clean_still_gets_our_newer_write_and_its_edits_are_caught() {
+        let ours = Ours::default();
+        let first = pod("5", Some(r#"{"A":"0-9"}"#));
+        ours.recorded(&first);
+        let cached = Arc::new(first);
+        let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
+        assert!(edited.is_empty() && Arc::ptr_eq(&view[0], &cached));
+        ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
+        let (view, _) = ours.view(vec![Arc::clone(&cached)]);
+        assert_eq!(
+            view[0].resource_version().as_deref(),
+            Some("7"),
+            "our newer write wins over the copy seen clean"
+        );
+        let (view, edited) = ours.view(vec![Arc::new(pod("8", Some(r#"{"A":"0-99"}"#)))]);
+        assert_eq!(edited.len(), 1, "the edit of a new version is caught");
+        assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
+        assert!(lock(&ours.recent).is_empty(), "the watch caught up at 8");
     }
 
     #[test]
