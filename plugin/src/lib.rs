@@ -76,13 +76,29 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .block_on(kube::config(&cli.kube))?;
     let plan = sandbox_plan(&cli, kube_config.as_ref());
     sandbox::apply(&plan, cli.sandbox).context("applying the landlock sandbox")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread serves kubelet and amd-gpud and writes to the API server,
+    // so a call's steps never wait for another thread to wake; the watches
+    // decode on a second one.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(cli, kube_config))?;
+    let decoder = decoder_thread().context("starting the watch thread")?;
+    runtime.block_on(serve(cli, kube_config, decoder))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A runtime on a thread of its own for the Kubernetes watches; it lives as
+/// long as the process.
+fn decoder_thread() -> std::io::Result<tokio::runtime::Handle> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let handle = runtime.handle().clone();
+    std::thread::Builder::new()
+        .name("kube-watch".to_owned())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))?;
+    Ok(handle)
 }
 
 /// What the plugin may touch: the kubelet directory read-write, everything
@@ -116,7 +132,11 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
 /// # Errors
 /// When the plugin or metrics socket cannot be bound or the signal handlers
 /// installed.
-pub async fn serve(cli: Cli, kube_config: Option<::kube::Config>) -> anyhow::Result<()> {
+pub async fn serve(
+    cli: Cli,
+    kube_config: Option<::kube::Config>,
+    decoder: tokio::runtime::Handle,
+) -> anyhow::Result<()> {
     let client = kube_config.map(kube::client).transpose()?;
     if client.is_some() && cli.node_name.is_empty() {
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
@@ -134,7 +154,7 @@ pub async fn serve(cli: Cli, kube_config: Option<::kube::Config>) -> anyhow::Res
     let snapshots = partition::follow(raw.clone(), mode);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
-    let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped));
+    let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped, &decoder));
     if let Some(target) = cli.compute_partition.clone() {
         let caches = side.as_ref().map(|s| s.caches.clone());
         tokio::spawn(switcher::switch_idle_gpus(bus.clone(), raw, caches, target));
@@ -195,9 +215,10 @@ fn start_kube(
     bus: &Bus,
     snapshots: &watch::Receiver<gpud_client::Snapshot>,
     stopped: &watch::Receiver<bool>,
+    decoder: &tokio::runtime::Handle,
 ) -> KubeSide {
     let owners = Arc::new(vram::Owners::new(cli.pod_resources(), &cli.resource_name));
-    let caches = kube::Caches::start(&client, &cli.node_name);
+    let caches = kube::Caches::start(&client, &cli.node_name, decoder);
     let config = allocate::AllocateConfig {
         dev_dir: cli.host_dev.clone(),
         hook_dir: cli.hook_path.clone(),

@@ -106,16 +106,18 @@ pub struct Caches {
 }
 
 impl Caches {
-    /// Starts the watches (each restarts with back-off on errors).
-    pub fn start(client: &Client, node_name: &str) -> Self {
+    /// Starts the watches (each restarts with back-off on errors) on
+    /// `decoder`: every change of a pod on this node comes as a whole object
+    /// to decode, work that must not queue in front of a kubelet call.
+    pub fn start(client: &Client, node_name: &str, decoder: &tokio::runtime::Handle) -> Self {
         let node_fields = format!("metadata.name={node_name}");
         let pod_fields = format!("spec.nodeName={node_name}");
         let watching = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
-        let nodes = watch(Api::<Node>::all(client.clone()), &node_fields, {
+        let nodes = watch(decoder, Api::<Node>::all(client.clone()), &node_fields, {
             let w = watching.clone();
             move |ok| w[0].store(ok, Ordering::Relaxed)
         });
-        let pods = watch(Api::<Pod>::all(client.clone()), &pod_fields, {
+        let pods = watch(decoder, Api::<Pod>::all(client.clone()), &pod_fields, {
             let w = watching.clone();
             move |ok| w[1].store(ok, Ordering::Relaxed)
         });
@@ -155,7 +157,12 @@ impl Caches {
 
 /// A reflector of `api` restricted to `fields`; `answered` says after each
 /// event whether it came from the API server (true) or was an error.
-fn watch<K>(api: Api<K>, fields: &str, answered: impl Fn(bool) + Send + 'static) -> Store<K>
+fn watch<K>(
+    decoder: &tokio::runtime::Handle,
+    api: Api<K>,
+    fields: &str,
+    answered: impl Fn(bool) + Send + 'static,
+) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -169,7 +176,7 @@ where
     let config = watcher::Config::default().fields(fields);
     let what = format!("{} ({fields})", K::plural(&()));
     let stream = reflector(writer, watcher(api, config)).default_backoff();
-    tokio::spawn(async move {
+    decoder.spawn(async move {
         futures_util::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             answered(event.is_ok());
