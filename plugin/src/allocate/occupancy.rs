@@ -289,13 +289,18 @@ mod tests {
         Arc::new(serde_json::from_value(value).unwrap())
     }
 
+    /// One GPU `A` of 304 CUs (an MI300X).
+    fn one_gpu() -> Totals {
+        [("A".to_owned(), 304)].into_iter().collect()
+    }
+
     fn free(maps: &HashMap<String, CuBitmap>) -> u32 {
         maps["A"].free_count()
     }
 
     #[test]
     fn honest_claims_count_and_forged_ones_do_not() {
-        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let totals = one_gpu();
         let honest = pod(
             "a",
             "2026-11-29T08:00:00Z",
@@ -333,7 +338,7 @@ mod tests {
 
     #[test]
     fn a_kept_judgement_serves_only_the_same_pod_version() {
-        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let totals = one_gpu();
         let claims = Claims::default();
         let first = pod(
             "a",
@@ -361,7 +366,7 @@ mod tests {
 
     #[test]
     fn a_claim_that_overlaps_in_its_second_range_claims_nothing() {
-        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let totals = one_gpu();
         let older = pod(
             "g",
             "2026-11-29T08:00:00Z",
@@ -384,7 +389,7 @@ mod tests {
 
     #[test]
     fn finished_pods_release_their_cus() {
-        let totals: Totals = [("A".to_owned(), 304)].into_iter().collect();
+        let totals = one_gpu();
         let done = pod(
             "a",
             "2026-11-29T08:00:00Z",

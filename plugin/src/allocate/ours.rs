@@ -47,6 +47,19 @@ struct Clean {
     _held: Arc<Pod>,
 }
 
+impl Record {
+    /// Drops the records of pods not in `live` each time the record has
+    /// doubled since the last time (a uid never comes back).
+    fn prune<'a>(&mut self, live: impl Iterator<Item = &'a Arc<Pod>>) {
+        if self.values.len() < self.prune_at {
+            return;
+        }
+        let live: HashSet<&str> = live.filter_map(|p| p.metadata.uid.as_deref()).collect();
+        self.values.retain(|uid, _| live.contains(uid.as_str()));
+        self.prune_at = 2 * self.values.len() + 16;
+    }
+}
+
 /// Our writes, by pod uid.
 #[derive(Debug, Default)]
 pub struct Ours {
@@ -85,17 +98,7 @@ impl Ours {
     pub fn view(&self, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let mut recent = lock(&self.recent);
         let mut record = lock(&self.record);
-        // Records of pods that are gone are dropped each time the record has
-        // doubled since the last time (a uid never comes back).
-        if record.values.len() >= record.prune_at {
-            let live: HashSet<&str> = cached
-                .iter()
-                .chain(recent.values())
-                .filter_map(|p| p.metadata.uid.as_deref())
-                .collect();
-            record.values.retain(|uid, _| live.contains(uid.as_str()));
-            record.prune_at = 2 * record.values.len() + 16;
-        }
+        record.prune(cached.iter().chain(recent.values()));
         if recent.is_empty() && record.values.is_empty() {
             return (cached, Vec::new());
         }
@@ -255,24 +258,16 @@ mod tests {
     }
 
     #[test]
-    fn unchanged_pods_are_shared_not_copied() {
-        let ours = Ours::default();
-        let written = pod("7", Some(r#"{"A":"0-9"}"#));
-        ours.recorded(&written);
-        let cached = Arc::new(written);
-        let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
-        assert!(edited.is_empty());
-        assert!(Arc::ptr_eq(&view[0], &cached));
-    }
-
-    #[test]
     fn a_pod_seen_clean_still_gets_our_newer_write_and_its_edits_are_caught() {
         let ours = Ours::default();
         let first = pod("5", Some(r#"{"A":"0-9"}"#));
         ours.recorded(&first);
         let cached = Arc::new(first);
-        let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
-        assert!(edited.is_empty() && Arc::ptr_eq(&view[0], &cached));
+        for _ in 0..2 {
+            let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
+            assert!(edited.is_empty(), "{edited:?}");
+            assert!(Arc::ptr_eq(&view[0], &cached), "shared, not copied");
+        }
         ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
         let (view, _) = ours.view(vec![Arc::clone(&cached)]);
         assert_eq!(
