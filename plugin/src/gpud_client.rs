@@ -16,6 +16,8 @@ use ipc::{
 };
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
+
+use crate::devices::gpu_id;
 use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
 
 /// Where amd-gpud is.
@@ -170,7 +172,7 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
             let dmem_backend = node.dmem_backend().await.unwrap_or_else(|err| {
                 format!("off: amd-gpud does not report its VRAM cap backend ({err})")
             });
-            let fresh = Snapshot {
+            let mut fresh = Snapshot {
                 gpus,
                 partitions,
                 connected: true,
@@ -178,6 +180,7 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
                 parents: BTreeMap::new(),
             };
             tx.send_if_modified(|s| {
+                keep_vanished(s, &mut fresh);
                 let changed = *s != fresh;
                 *s = fresh;
                 changed
@@ -187,6 +190,46 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
             warn!("cannot read the inventory from amd-gpud: {err}");
             tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
         }
+    }
+}
+
+/// Why a GPU kept by [`keep_vanished`] is missing.
+pub const VANISHED_REASON: &str = "amd-gpud no longer lists it (it restarted after the GPU went away); kept as missing until the plugin restarts";
+
+/// Carries the GPUs of `previous` that `fresh` no longer lists into `fresh`,
+/// missing with their partitions. amd-gpud keeps a GPU that goes away as
+/// missing for as long as it runs; a restarted amd-gpud never saw it, and
+/// without this the GPU's devices would silently leave kubelet's list and
+/// HAMi's annotation instead of staying there unhealthy.
+fn keep_vanished(previous: &Snapshot, fresh: &mut Snapshot) {
+    let listed: std::collections::HashSet<String> = fresh.gpus.iter().map(gpu_id).collect();
+    // A GPU whose PCI address now holds another one is gone for good.
+    let gone =
+        |g: &&GpuInfo| !listed.contains(&gpu_id(g)) && !fresh.partitions.contains_key(&g.bdf);
+    let vanished: Vec<&GpuInfo> = previous.gpus.iter().filter(gone).collect();
+    let kept = !vanished.is_empty();
+    for gpu in vanished {
+        let mut gpu = gpu.clone();
+        if gpu.health != ipc::MISSING {
+            warn!(gpu = %gpu_id(&gpu), bdf = %gpu.bdf, "{VANISHED_REASON}");
+            gpu.health = ipc::MISSING.to_owned();
+            gpu.health_reason = VANISHED_REASON.to_owned();
+        }
+        let parts = previous
+            .partitions
+            .get(&gpu.bdf)
+            .cloned()
+            .unwrap_or_default();
+        let parts = parts.into_iter().map(|mut p| {
+            p.health = ipc::MISSING.to_owned();
+            p.health_reason = VANISHED_REASON.to_owned();
+            p
+        });
+        fresh.partitions.insert(gpu.bdf.clone(), parts.collect());
+        fresh.gpus.push(gpu);
+    }
+    if kept {
+        fresh.gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
     }
 }
 
@@ -247,5 +290,56 @@ impl crate::vram::CapSink for GpudCaps {
                 .await
                 .map_err(|_| "amd-gpud did not answer SetPodVramLimits within 10 s".to_owned())?
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::mi300x;
+
+    fn snapshot(gpus: Vec<GpuInfo>) -> Snapshot {
+        let partitions = gpus.iter().map(|g| (g.bdf.clone(), Vec::new())).collect();
+        Snapshot {
+            gpus,
+            partitions,
+            connected: true,
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn a_gpu_a_restarted_amd_gpud_no_longer_lists_stays_missing() {
+        let before = snapshot(vec![
+            mi300x("0000:05:00.0", "GPU-a"),
+            mi300x("0000:15:00.0", "GPU-b"),
+        ]);
+        let mut fresh = snapshot(vec![mi300x("0000:15:00.0", "GPU-b")]);
+        keep_vanished(&before, &mut fresh);
+        let bdfs: Vec<&str> = fresh.gpus.iter().map(|g| g.bdf.as_str()).collect();
+        assert_eq!(bdfs, ["0000:05:00.0", "0000:15:00.0"], "kept, in PCI order");
+        assert_eq!(fresh.gpus[0].health, ipc::MISSING);
+        assert_eq!(fresh.gpus[0].health_reason, VANISHED_REASON);
+        assert!(fresh.partitions.contains_key("0000:05:00.0"));
+        assert_eq!(fresh.gpus[1].health, ipc::HEALTHY);
+        // Still missing on the next read; back when amd-gpud lists it again.
+        let mut next = snapshot(vec![mi300x("0000:15:00.0", "GPU-b")]);
+        keep_vanished(&fresh, &mut next);
+        assert_eq!(next, fresh);
+        let mut back = snapshot(vec![
+            mi300x("0000:05:00.0", "GPU-a"),
+            mi300x("0000:15:00.0", "GPU-b"),
+        ]);
+        keep_vanished(&next, &mut back);
+        assert!(back.gpus.iter().all(|g| g.health == ipc::HEALTHY));
+    }
+
+    #[test]
+    fn a_gpu_replaced_at_its_pci_address_is_not_kept() {
+        let before = snapshot(vec![mi300x("0000:05:00.0", "GPU-a")]);
+        let mut fresh = snapshot(vec![mi300x("0000:05:00.0", "GPU-c")]);
+        keep_vanished(&before, &mut fresh);
+        assert_eq!(fresh.gpus.len(), 1);
+        assert_eq!(fresh.gpus[0].rocr_uuid, "GPU-c");
     }
 }

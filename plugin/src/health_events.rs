@@ -47,8 +47,9 @@ impl Transition {
 pub type Known = BTreeMap<String, (String, String)>;
 
 /// The transitions from `known` to `gpus`, and `known` updated. A GPU that
-/// is no longer listed at all (a restarted amd-gpud forgets the GPUs that
-/// went missing before) is reported missing, once.
+/// is no longer listed at all is reported missing, once (the followed
+/// snapshot keeps the GPUs a restarted amd-gpud forgot, see
+/// `gpud_client::keep_vanished`; this covers one replaced at its PCI address).
 pub fn transitions(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
     let mut out = vanished(known, gpus);
     for gpu in gpus {

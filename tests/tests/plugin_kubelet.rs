@@ -247,16 +247,23 @@ fn the_plugin_follows_amd_gpud_through_a_restart() {
         assert_eq!(s.kubelet.devices().len(), 80);
         std::fs::remove_dir_all(s.root.path().join("sys/class/kfd/kfd/topology/nodes/9")).unwrap();
         s.gpud = stack::gpud(&common::fake_node_exe(), &s.bus, s.root.path(), 0).unwrap();
-        // The new amd-gpud's first read already misses the GPU; the plugin
-        // must notice it without restarting.
+        // The new amd-gpud's first read already misses the GPU (it never saw
+        // it); the plugin notices without restarting and keeps the GPU's
+        // slots listed, unhealthy, as the old amd-gpud would have.
         let devices = s
             .kubelet
             .wait_devices(WAIT, |d| {
-                d.iter().filter(|x| x.health != "Healthy").count() == 0 && d.len() == 70
+                d.iter().filter(|x| x.health != "Healthy").count() == 10 && d.len() == 80
             })
             .await
             .unwrap();
-        assert_eq!(gpus_of(&devices).len(), 7);
+        let unhealthy: Vec<Device> = devices
+            .iter()
+            .filter(|d| d.health != "Healthy")
+            .cloned()
+            .collect();
+        assert_eq!(gpus_of(&unhealthy).len(), 1, "one GPU's slots");
+        assert_eq!(gpus_of(&devices).len(), 8);
         assert!(
             s.plugin.0.try_wait().unwrap().is_none(),
             "the plugin kept running"
