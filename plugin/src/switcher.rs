@@ -82,7 +82,8 @@ pub async fn switch_idle_gpus(
             .available_compute_partitions
             .iter()
             .any(|m| m.eq_ignore_ascii_case(&target));
-        if !offered || gpu.compute_partition.eq_ignore_ascii_case(&target) {
+        let missing = gpu.health == ipc::MISSING;
+        if missing || !offered || gpu.compute_partition.eq_ignore_ascii_case(&target) {
             continue;
         }
         let busy = allocations_on(&pods, &gpu_id(&gpu));
