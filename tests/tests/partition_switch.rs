@@ -127,6 +127,95 @@ async fn switch_scenario() {
     );
 }
 
+#[test]
+fn a_switch_with_amd_smi_loaded_reads_the_library_again() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), amdsmi_scenario());
+}
+
+/// The same switch with amd-gpud reading the fake AMD SMI library, whose
+/// fixture the fake driver rewrites with the new mode: after the switch the
+/// GPU keeps its AMD SMI identity, and its mode and partitions are the new
+/// ones whether they come from sysfs or the library.
+async fn amdsmi_scenario() {
+    let root = fixture::scratch_dir().unwrap();
+    let spec = fixture::named("mi300x-8-spx").unwrap();
+    let opts = BuildOptions {
+        drm: true,
+        amdsmi_abi: Some("7.0".into()),
+    };
+    fixture::build(&spec, root.path(), &opts).unwrap();
+    let _driver = FakeDriver::start(root.path(), spec, opts);
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let library = tests::fake_amdsmi::library_for("7.0");
+    let child = std::process::Command::new(common::fake_node_exe())
+        .args(["gpud", "--log", "info", "serve", "--rescan-interval", "0"])
+        .arg("--bus-address")
+        .arg(&bus.address)
+        .arg("--host-root")
+        .arg(root.path())
+        .arg("--amdsmi")
+        .arg(library)
+        .env(
+            "FAKE_AMDSMI_FIXTURE",
+            root.path().join(fixture::FIXTURE_FILE),
+        )
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _gpud = stack::Process(child);
+    let conn = connect_when_named(&bus).await;
+    let node = NodeProxy::new(&conn).await.unwrap();
+    let amdsmi = node.amd_smi().await.unwrap();
+    assert!(amdsmi.contains("7."), "AMD SMI loaded: {amdsmi}");
+    let before = gpu(&conn, GPU0).await;
+    assert!(!before.amdsmi_uuid.is_empty(), "{before:?}");
+    assert_eq!(before.compute_partition, "SPX");
+
+    node.set_compute_partition(GPU0, "CPX", false)
+        .await
+        .unwrap();
+    let after = gpu(&conn, GPU0).await;
+    assert_eq!(after.compute_partition, "CPX");
+    assert_eq!(
+        after.amdsmi_uuid, before.amdsmi_uuid,
+        "same GPU for AMD SMI"
+    );
+    assert_eq!(after.market_name, before.market_name);
+    assert_eq!(live_partitions(&conn, GPU0).await, 8);
+    assert_eq!(node.amd_smi().await.unwrap(), amdsmi, "still loaded");
+
+    node.set_compute_partition(GPU0, "SPX", false)
+        .await
+        .unwrap();
+    assert_eq!(gpu(&conn, GPU0).await.compute_partition, "SPX");
+    assert_eq!(live_partitions(&conn, GPU0).await, 1);
+    let warnings = node.warnings().await.unwrap();
+    assert!(
+        warnings.iter().all(|w| !w.contains("render minors")),
+        "a switch is not a shortage of render minors: {warnings:?}"
+    );
+}
+
+/// A connection to the bus once amd-gpud owns its name (20 s at most).
+async fn connect_when_named(bus: &PrivateBus) -> Connection {
+    let start = std::time::Instant::now();
+    while !stack::name_has_owner(bus).unwrap() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "amd-gpud did not take its name"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    zbus::connection::Builder::address(bus.address.as_str())
+        .unwrap()
+        .build()
+        .await
+        .unwrap()
+}
+
 /// Refusals on GPU 1, which stays in SPX throughout.
 async fn refusals(conn: &Connection, node: &NodeProxy<'_>, root: &std::path::Path) {
     // Not offered in NPS1 on this model: TPX.

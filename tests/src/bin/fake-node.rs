@@ -46,6 +46,14 @@ fn main() -> ExitCode {
         argv.remove(1);
         return plugin::main(argv);
     }
+    // `gpud serve` with AMD SMI re-enters its own executable to probe the
+    // library in a child process.
+    if argv
+        .get(1)
+        .is_some_and(|a| a == gpud::amdsmi::PROBE_SUBCOMMAND)
+    {
+        return gpud::cli::main(argv);
+    }
     match run(Args::parse()) {
         Ok(code) => code,
         Err(err) => {
