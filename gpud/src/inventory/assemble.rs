@@ -77,21 +77,62 @@ pub(super) fn gpus(topology: &Topology, paths: &HostPaths, warnings: &mut Vec<St
 /// partitions; fewer means KFD left some out (a node with more partitions
 /// than DRM render minors, 64, loses the last ones).
 fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
-    for gpu in gpus.iter().filter(|g| g.compute_partition.is_some()) {
-        let siblings = gpus.iter().filter(|o| {
-            o.device_id == gpu.device_id && o.compute_partition == gpu.compute_partition
-        });
-        let expected = siblings.map(|o| o.partitions.len()).max().unwrap_or(0);
-        if gpu.partitions.len() < expected {
-            warnings.push(format!(
-                "GPU {}: KFD shows {} partitions where other GPUs of the same model in {} show {expected}; \
-                 the kernel may have run out of DRM render minors",
-                gpu.bdf,
-                gpu.partitions.len(),
-                gpu.compute_partition.as_deref().unwrap_or("?"),
-            ));
+    let shapes: Vec<(u64, Option<&str>, usize)> = gpus
+        .iter()
+        .map(|g| {
+            (
+                g.device_id,
+                g.compute_partition.as_deref(),
+                g.partitions.len(),
+            )
+        })
+        .collect();
+    for (i, expected) in short_of_siblings(&shapes) {
+        let gpu = &gpus[i];
+        warnings.push(format!(
+            "GPU {}: KFD shows {} partitions where other GPUs of the same model in {} show {expected}; \
+             the kernel may have run out of DRM render minors",
+            gpu.bdf,
+            gpu.partitions.len(),
+            gpu.compute_partition.as_deref().unwrap_or("?"),
+        ));
+    }
+}
+
+/// The partitions a mode makes, where its name says (CPX makes one per XCC).
+fn partitions_of_mode(mode: &str) -> Option<usize> {
+    match mode.to_ascii_uppercase().as_str() {
+        "SPX" => Some(1),
+        "DPX" => Some(2),
+        "TPX" => Some(3),
+        "QPX" => Some(4),
+        _ => None,
+    }
+}
+
+/// (index, expected count) of each GPU, given as (device id, compute
+/// partition mode, partitions), with fewer partitions than the most its
+/// siblings (same model, same mode) show. A sibling showing more than its
+/// mode makes is in the middle of a switch (the mode is written before the
+/// driver re-creates the nodes) and sets no expectation.
+fn short_of_siblings(gpus: &[(u64, Option<&str>, usize)]) -> Vec<(usize, usize)> {
+    let mut short = Vec::new();
+    for (i, &(model, mode, count)) in gpus.iter().enumerate() {
+        let Some(mode) = mode else { continue };
+        let most = partitions_of_mode(mode);
+        let expected = gpus
+            .iter()
+            .filter(|&&(m, o, n)| {
+                m == model && o == Some(mode) && most.is_none_or(|most| n <= most)
+            })
+            .map(|&(_, _, n)| n)
+            .max()
+            .unwrap_or(0);
+        if count < expected {
+            short.push((i, expected));
         }
     }
+    short
 }
 
 fn describe(node: &KfdNode) -> Result<GpuNode<'_>, String> {
@@ -281,4 +322,32 @@ pub(super) fn linked_cpu_node(node: &KfdNode, topology: &Topology) -> Option<u32
         let peer = topology.node(link.node_to)?;
         (!peer.is_gpu() || peer.has_cpu_cores()).then_some(peer.index)
     })
+}
+
+#[cfg(test)]
+mod partition_count_tests {
+    use super::short_of_siblings;
+
+    #[test]
+    fn a_gpu_short_of_its_cpx_siblings_is_named() {
+        let gpus = [
+            (0x74a1, Some("CPX"), 8),
+            (0x74a1, Some("CPX"), 7),
+            (0x74b5, Some("CPX"), 4),
+        ];
+        assert_eq!(short_of_siblings(&gpus), [(1, 8)]);
+    }
+
+    #[test]
+    fn a_gpu_in_the_middle_of_a_switch_sets_no_expectation() {
+        // GPU 0's mode already reads SPX, its eight CPX nodes are not gone yet.
+        let gpus = [
+            (0x74a1, Some("SPX"), 8),
+            (0x74a1, Some("SPX"), 1),
+            (0x74a1, Some("spx"), 1),
+        ];
+        assert!(short_of_siblings(&gpus).is_empty());
+        let unpartitioned = [(0x7551, None, 1), (0x7551, None, 0)];
+        assert!(short_of_siblings(&unpartitioned).is_empty());
+    }
 }
