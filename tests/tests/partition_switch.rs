@@ -39,6 +39,21 @@ async fn gpu(conn: &Connection, bdf: &str) -> ipc::types::GpuInfo {
         .unwrap()
 }
 
+/// Switches GPU 0 to `mode` and checks it: the mode read back and `live`
+/// partitions. Returns the generation the call answered and the GPU.
+async fn switch_gpu0(
+    node: &NodeProxy<'_>,
+    conn: &Connection,
+    mode: &str,
+    live: usize,
+) -> (u64, ipc::types::GpuInfo) {
+    let generation = node.set_compute_partition(GPU0, mode, false).await.unwrap();
+    let after = gpu(conn, GPU0).await;
+    assert_eq!(after.compute_partition, mode.to_ascii_uppercase());
+    assert_eq!(live_partitions(conn, GPU0).await, live);
+    (generation, after)
+}
+
 /// Partitions of `bdf` that are not missing.
 async fn live_partitions(conn: &Connection, bdf: &str) -> usize {
     let mut live = 0;
@@ -98,25 +113,15 @@ async fn switch_scenario() {
     );
 
     // An idle GPU goes to CPX: eight live partitions, the others untouched.
-    let generation = node
-        .set_compute_partition(GPU0, "cpx", false)
-        .await
-        .unwrap();
+    let (generation, _) = switch_gpu0(&node, &conn, "cpx", 8).await;
     assert!(generation > 1, "{generation}");
-    let after = gpu(&conn, GPU0).await;
-    assert_eq!(after.compute_partition, "CPX");
-    assert_eq!(live_partitions(&conn, GPU0).await, 8);
     assert_eq!(gpu(&conn, GPU1).await.compute_partition, "SPX");
     assert_eq!(driver.spec().gpus[0].compute_mode().as_str(), "CPX");
 
     refusals(&conn, &node, root.path()).await;
 
     // And back: one live partition again.
-    node.set_compute_partition(GPU0, "SPX", false)
-        .await
-        .unwrap();
-    assert_eq!(gpu(&conn, GPU0).await.compute_partition, "SPX");
-    assert_eq!(live_partitions(&conn, GPU0).await, 1);
+    switch_gpu0(&node, &conn, "SPX", 1).await;
     // Asking for the current mode changes nothing.
     let generation = node.generation().await.unwrap();
     assert_eq!(
@@ -174,24 +179,15 @@ async fn amdsmi_scenario() {
     assert!(!before.amdsmi_uuid.is_empty(), "{before:?}");
     assert_eq!(before.compute_partition, "SPX");
 
-    node.set_compute_partition(GPU0, "CPX", false)
-        .await
-        .unwrap();
-    let after = gpu(&conn, GPU0).await;
-    assert_eq!(after.compute_partition, "CPX");
+    let (_, after) = switch_gpu0(&node, &conn, "CPX", 8).await;
     assert_eq!(
         after.amdsmi_uuid, before.amdsmi_uuid,
         "same GPU for AMD SMI"
     );
     assert_eq!(after.market_name, before.market_name);
-    assert_eq!(live_partitions(&conn, GPU0).await, 8);
     assert_eq!(node.amd_smi().await.unwrap(), amdsmi, "still loaded");
 
-    node.set_compute_partition(GPU0, "SPX", false)
-        .await
-        .unwrap();
-    assert_eq!(gpu(&conn, GPU0).await.compute_partition, "SPX");
-    assert_eq!(live_partitions(&conn, GPU0).await, 1);
+    switch_gpu0(&node, &conn, "SPX", 1).await;
     let warnings = node.warnings().await.unwrap();
     assert!(
         warnings.iter().all(|w| !w.contains("render minors")),
