@@ -13,6 +13,7 @@ use std::{
     collections::{HashMap, HashSet},
     hash::{Hash, Hasher},
     sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
 };
 
 use k8s_openapi::api::core::v1::Pod;
@@ -23,6 +24,9 @@ use crate::hami::CU_ALLOCATED_KEY;
 
 /// The annotations of ours that a user's edit must not change.
 const RECORDED: [&str; 2] = [CU_ALLOCATED_KEY, CU_SPARE_KEY];
+
+/// How long a write of ours is laid over a cache that has not delivered it.
+const RECENT_FOR: Duration = Duration::from_secs(300);
 
 fn resource_version(pod: &Pod) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
@@ -61,13 +65,21 @@ impl Record {
 }
 
 /// Our writes, by pod uid.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Ours {
-    recent: Mutex<HashMap<String, Arc<Pod>>>,
+    /// Pod uid -> our last write to it, and when.
+    recent: Mutex<HashMap<String, (Instant, Arc<Pod>)>>,
     record: Mutex<Record>,
     /// Sorted by address. A pod version stays clean: the record of a uid
     /// changes only when we write that pod, which makes a new version.
     clean: Mutex<Vec<Clean>>,
+    recent_for: Duration,
+}
+
+impl Default for Ours {
+    fn default() -> Self {
+        Self::keeping_writes_for(RECENT_FOR)
+    }
 }
 
 fn uid_hash(uid: &str) -> u64 {
@@ -77,10 +89,21 @@ fn uid_hash(uid: &str) -> u64 {
 }
 
 impl Ours {
+    /// Ours, laying a write over a cache that has not delivered it for at
+    /// most `recent_for`.
+    pub fn keeping_writes_for(recent_for: Duration) -> Self {
+        Self {
+            recent: Mutex::default(),
+            record: Mutex::default(),
+            clean: Mutex::default(),
+            recent_for,
+        }
+    }
+
     /// Remembers `written`, as our patch returned it.
     pub fn wrote(&self, written: Arc<Pod>) {
         if let Some(uid) = written.metadata.uid.clone() {
-            lock(&self.recent).insert(uid, written);
+            lock(&self.recent).insert(uid, (Instant::now(), written));
         }
     }
 
@@ -98,13 +121,13 @@ impl Ours {
     pub fn view(&self, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let mut recent = lock(&self.recent);
         let mut record = lock(&self.record);
-        record.prune(cached.iter().chain(recent.values()));
+        record.prune(cached.iter().chain(recent.values().map(|(_, p)| p)));
         if recent.is_empty() && record.values.is_empty() {
             return (cached, Vec::new());
         }
         let ours: Vec<(u64, &str, &Arc<Pod>)> = recent
             .iter()
-            .map(|(uid, pod)| (uid_hash(uid), uid.as_str(), pod))
+            .map(|(uid, (_, pod))| (uid_hash(uid), uid.as_str(), pod))
             .collect();
         let mut clean = lock(&self.clean);
         let mut earlier: Vec<(usize, Option<Clean>)> = std::mem::take(&mut *clean)
@@ -148,8 +171,10 @@ impl Ours {
             pods.push(seen);
         }
         clean.sort_unstable_by_key(|c| c.address);
-        // Our writes the watch has caught up with are dropped.
-        recent.retain(|uid, _| !caught_up.contains(uid));
+        // Our writes the watch has caught up with are dropped, and so are
+        // those it never delivered in `recent_for` (the pod was deleted first).
+        let keep = self.recent_for;
+        recent.retain(|uid, (at, _)| !caught_up.contains(uid) && at.elapsed() < keep);
         (pods, edited)
     }
 }
@@ -279,6 +304,22 @@ mod tests {
         assert_eq!(edited.len(), 1, "the edit of a new version is caught");
         assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
         assert!(lock(&ours.recent).is_empty(), "the watch caught up at 8");
+    }
+
+    #[test]
+    fn a_write_the_watch_never_delivers_is_dropped_in_time() {
+        let ours = Ours::keeping_writes_for(Duration::ZERO);
+        ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
+        let (view, _) = ours.view(Vec::new());
+        assert!(
+            view.is_empty(),
+            "a pod the cache does not hold is not added"
+        );
+        assert!(lock(&ours.recent).is_empty());
+        let ours = Ours::default();
+        ours.wrote(Arc::new(pod("7", None)));
+        ours.view(Vec::new());
+        assert_eq!(lock(&ours.recent).len(), 1, "kept while the watch may lag");
     }
 
     #[test]
