@@ -195,22 +195,7 @@ impl Allocator {
                     });
                 }
                 info!(pod = %who, devices = ids.len(), "allocated");
-                let owner = PodRef {
-                    namespace: pod.namespace().unwrap_or_default(),
-                    name: pod.name_any(),
-                    uid: pod.uid().unwrap_or_default(),
-                };
-                // Built only when the record is pruned.
-                let uids = std::cell::OnceCell::new();
-                let live = |uid: &str| {
-                    let uids: &HashSet<&str> = uids.get_or_init(|| {
-                        pods.iter()
-                            .filter_map(|p| p.metadata.uid.as_deref())
-                            .collect()
-                    });
-                    uids.contains(uid)
-                };
-                self.owners.remember(ids, owner, live);
+                self.remember_owner(ids, &pod, &pods);
                 Ok(answer)
             }
             Err(err) => {
@@ -221,6 +206,26 @@ impl Allocator {
                 Err(AllocateError::new(err.reason, message))
             }
         }
+    }
+
+    /// Records that `ids` went to `pod`, for PreStartContainer; `pods` are
+    /// the live ones (looked up only when the record is pruned).
+    fn remember_owner(&self, ids: &[String], pod: &Pod, pods: &[Arc<Pod>]) {
+        let owner = PodRef {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+        };
+        let uids = std::cell::OnceCell::new();
+        let live = |uid: &str| {
+            let uids: &HashSet<&str> = uids.get_or_init(|| {
+                pods.iter()
+                    .filter_map(|p| p.metadata.uid.as_deref())
+                    .collect()
+            });
+            uids.contains(uid)
+        };
+        self.owners.remember(ids, owner, live);
     }
 
     /// Off the happy path: the cached view did not name a fitting pod (the
