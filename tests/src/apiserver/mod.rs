@@ -43,6 +43,7 @@ use std::{
 pub use merge::merge_patch;
 use serde_json::Value;
 use store::Store;
+pub use store::rfc3339;
 use tokio::sync::{oneshot, watch};
 
 /// The resources the fake serves.

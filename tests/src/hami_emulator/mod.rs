@@ -19,7 +19,7 @@ use self::{
     filter::{FilterError, REGISTER_KEY, decode_register, fit, node_usage},
     request::{ContainerRequest, GpuPolicy, Selection},
 };
-use crate::apiserver::{FakeApiServer, Kind};
+use crate::apiserver::{FakeApiServer, Kind, rfc3339};
 
 /// The scheduler name HAMi's webhook gives the pods it manages.
 pub const SCHEDULER_NAME: &str = "hami-scheduler";
@@ -250,28 +250,6 @@ impl HamiEmulator {
         pod["status"] = json!({"phase": "Pending"});
         api.put_pod(pod);
     }
-}
-
-/// Unix time `secs` as Go's `time.RFC3339` in UTC (`2026-11-29T08:00:00Z`).
-pub fn rfc3339(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
 
 #[cfg(test)]
