@@ -77,14 +77,16 @@ pub(super) fn gpus(topology: &Topology, paths: &HostPaths, warnings: &mut Vec<St
 /// partitions; fewer means KFD left some out (a node with more partitions
 /// than DRM render minors, 64, loses the last ones).
 fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
-    let shapes: Vec<(u64, Option<&str>, usize)> = gpus
+    let shapes: Vec<Shape<'_>> = gpus
         .iter()
         .map(|g| {
-            (
-                g.device_id,
-                g.compute_partition.as_deref(),
-                g.partitions.len(),
-            )
+            let mode = g.compute_partition.as_deref();
+            let xccs = g.partitions.iter().map(|p| p.num_xcc).sum();
+            let most = mode.map_or(0, |m| {
+                crate::partition::expected_partitions(&m.to_ascii_uppercase(), xccs)
+            });
+            let most = usize::try_from(most).unwrap_or(usize::MAX);
+            (g.device_id, mode, g.partitions.len(), most)
         })
         .collect();
     for (i, expected) in short_of_siblings(&shapes) {
@@ -99,33 +101,22 @@ fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
     }
 }
 
-/// The partitions a mode makes, where its name says (CPX makes one per XCC).
-fn partitions_of_mode(mode: &str) -> Option<usize> {
-    match mode.to_ascii_uppercase().as_str() {
-        "SPX" => Some(1),
-        "DPX" => Some(2),
-        "TPX" => Some(3),
-        "QPX" => Some(4),
-        _ => None,
-    }
-}
+/// A GPU as [`short_of_siblings`] compares it: device id, compute partition
+/// mode, partitions shown, and the most partitions its mode makes.
+type Shape<'a> = (u64, Option<&'a str>, usize, usize);
 
-/// (index, expected count) of each GPU, given as (device id, compute
-/// partition mode, partitions), with fewer partitions than the most its
-/// siblings (same model, same mode) show. A sibling showing more than its
-/// mode makes is in the middle of a switch (the mode is written before the
-/// driver re-creates the nodes) and sets no expectation.
-fn short_of_siblings(gpus: &[(u64, Option<&str>, usize)]) -> Vec<(usize, usize)> {
+/// (index, expected count) of each GPU with fewer partitions than the most
+/// its siblings (same model, same mode) show. A sibling showing more than
+/// its mode makes is in the middle of a switch (the mode is written before
+/// the driver re-creates the nodes) and sets no expectation.
+fn short_of_siblings(gpus: &[Shape<'_>]) -> Vec<(usize, usize)> {
     let mut short = Vec::new();
-    for (i, &(model, mode, count)) in gpus.iter().enumerate() {
+    for (i, &(model, mode, count, _)) in gpus.iter().enumerate() {
         let Some(mode) = mode else { continue };
-        let most = partitions_of_mode(mode);
         let expected = gpus
             .iter()
-            .filter(|&&(m, o, n)| {
-                m == model && o == Some(mode) && most.is_none_or(|most| n <= most)
-            })
-            .map(|&(_, _, n)| n)
+            .filter(|&&(m, o, n, most)| m == model && o == Some(mode) && n <= most)
+            .map(|&(_, _, n, _)| n)
             .max()
             .unwrap_or(0);
         if count < expected {
@@ -326,14 +317,14 @@ pub(super) fn linked_cpu_node(node: &KfdNode, topology: &Topology) -> Option<u32
 
 #[cfg(test)]
 mod partition_count_tests {
-    use super::short_of_siblings;
+    use super::{Shape, short_of_siblings};
 
     #[test]
     fn a_gpu_short_of_its_cpx_siblings_is_named() {
-        let gpus = [
-            (0x74a1, Some("CPX"), 8),
-            (0x74a1, Some("CPX"), 7),
-            (0x74b5, Some("CPX"), 4),
+        let gpus: [Shape<'_>; 3] = [
+            (0x74a1, Some("CPX"), 8, 8),
+            (0x74a1, Some("CPX"), 7, 7),
+            (0x74b5, Some("CPX"), 4, 4),
         ];
         assert_eq!(short_of_siblings(&gpus), [(1, 8)]);
     }
@@ -341,13 +332,13 @@ mod partition_count_tests {
     #[test]
     fn a_gpu_in_the_middle_of_a_switch_sets_no_expectation() {
         // GPU 0's mode already reads SPX, its eight CPX nodes are not gone yet.
-        let gpus = [
-            (0x74a1, Some("SPX"), 8),
-            (0x74a1, Some("SPX"), 1),
-            (0x74a1, Some("spx"), 1),
+        let gpus: [Shape<'_>; 3] = [
+            (0x74a1, Some("SPX"), 8, 1),
+            (0x74a1, Some("SPX"), 1, 1),
+            (0x74a1, Some("SPX"), 1, 1),
         ];
         assert!(short_of_siblings(&gpus).is_empty());
-        let unpartitioned = [(0x7551, None, 1), (0x7551, None, 0)];
+        let unpartitioned: [Shape<'_>; 2] = [(0x7551, None, 1, 0), (0x7551, None, 0, 0)];
         assert!(short_of_siblings(&unpartitioned).is_empty());
     }
 }
