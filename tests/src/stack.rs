@@ -68,26 +68,45 @@ pub fn gpud_with(
     rescan: u64,
     extra: &[&str],
 ) -> io::Result<Process> {
-    let child = Command::new(fake_node)
-        .args([
-            "gpud",
-            "--log",
-            "info",
-            "serve",
-            "--amdsmi",
-            "none",
-            "--bus-address",
-        ])
+    let mut cmd = gpud_command(fake_node, bus, root, rescan);
+    cmd.args(["--amdsmi", "none"]).args(extra);
+    start_gpud(cmd, bus)
+}
+
+/// As [`gpud`], reading the fake AMD SMI `library` with its JSON `fixture`.
+///
+/// # Errors
+/// When it cannot start or does not take its name within 20 s.
+pub fn gpud_with_amdsmi(
+    fake_node: &Path,
+    bus: &PrivateBus,
+    root: &Path,
+    library: &Path,
+    fixture: &Path,
+) -> io::Result<Process> {
+    let mut cmd = gpud_command(fake_node, bus, root, 0);
+    cmd.arg("--amdsmi")
+        .arg(library)
+        .env("FAKE_AMDSMI_FIXTURE", fixture);
+    start_gpud(cmd, bus)
+}
+
+fn gpud_command(fake_node: &Path, bus: &PrivateBus, root: &Path, rescan: u64) -> Command {
+    let mut cmd = Command::new(fake_node);
+    cmd.args(["gpud", "--log", "info", "serve", "--bus-address"])
         .arg(&bus.address)
         .arg("--host-root")
         .arg(root)
         .arg("--rescan-interval")
         .arg(rescan.to_string())
-        .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let mut process = Process(child);
+        .stderr(Stdio::inherit());
+    cmd
+}
+
+/// Spawns `cmd` and returns once amd-gpud owns its name on `bus`.
+fn start_gpud(mut cmd: Command, bus: &PrivateBus) -> io::Result<Process> {
+    let mut process = Process(cmd.spawn()?);
     let start = Instant::now();
     while !name_has_owner(bus)? {
         if let Some(status) = process.0.try_wait()? {

@@ -155,23 +155,20 @@ async fn amdsmi_scenario() {
     let _driver = FakeDriver::start(root.path(), spec, opts);
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let library = tests::fake_amdsmi::library_for("7.0");
-    let child = std::process::Command::new(common::fake_node_exe())
-        .args(["gpud", "--log", "info", "serve", "--rescan-interval", "0"])
-        .arg("--bus-address")
-        .arg(&bus.address)
-        .arg("--host-root")
-        .arg(root.path())
-        .arg("--amdsmi")
-        .arg(library)
-        .env(
-            "FAKE_AMDSMI_FIXTURE",
-            root.path().join(fixture::FIXTURE_FILE),
-        )
-        .stdout(std::process::Stdio::null())
-        .spawn()
+    let fixture = root.path().join(fixture::FIXTURE_FILE);
+    let _gpud = stack::gpud_with_amdsmi(
+        &common::fake_node_exe(),
+        &bus,
+        root.path(),
+        library,
+        &fixture,
+    )
+    .unwrap();
+    let conn = zbus::connection::Builder::address(bus.address.as_str())
+        .unwrap()
+        .build()
+        .await
         .unwrap();
-    let _gpud = stack::Process(child);
-    let conn = connect_when_named(&bus).await;
     let node = NodeProxy::new(&conn).await.unwrap();
     let amdsmi = node.amd_smi().await.unwrap();
     assert!(amdsmi.contains("7."), "AMD SMI loaded: {amdsmi}");
@@ -193,23 +190,6 @@ async fn amdsmi_scenario() {
         warnings.iter().all(|w| !w.contains("render minors")),
         "a switch is not a shortage of render minors: {warnings:?}"
     );
-}
-
-/// A connection to the bus once amd-gpud owns its name (20 s at most).
-async fn connect_when_named(bus: &PrivateBus) -> Connection {
-    let start = std::time::Instant::now();
-    while !stack::name_has_owner(bus).unwrap() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "amd-gpud did not take its name"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    zbus::connection::Builder::address(bus.address.as_str())
-        .unwrap()
-        .build()
-        .await
-        .unwrap()
 }
 
 /// Refusals on GPU 1, which stays in SPX throughout.
