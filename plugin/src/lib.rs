@@ -240,7 +240,7 @@ fn start_kube(
             snapshots: snapshots.clone(),
         }),
         owners,
-        caches: caches.clone(),
+        pods: allocator.clone(),
         snapshots: snapshots.clone(),
         events: Some(events.clone()),
     });

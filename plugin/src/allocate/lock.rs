@@ -14,16 +14,22 @@ use super::pod::{self, LOCK_KEY};
 use crate::kube::{CALL_TIMEOUT, Caches};
 
 /// Releases `hami.io/mutex.lock` if this pod holds it, guarded by the
-/// node's resourceVersion (§3.7). On a conflict the node is read again,
-/// ownership checked again, and the release retried with back-off.
+/// node's resourceVersion (§3.7). A cached node that does not show this pod
+/// holding the lock may lag behind HAMi's lock: the node is read once
+/// before giving up. On a conflict the node is read again, ownership checked
+/// again, and the release retried with back-off.
 pub async fn release(client: &Client, caches: &Caches, pod: &Pod) {
     let owner = (pod.namespace().unwrap_or_default(), pod.name_any());
     let nodes: Api<Node> = Api::all(client.clone());
-    let mut node = caches.node().map(|n| (*n).clone());
+    let holds = |node: &Node| pod::lock_owner(node).ok().flatten() == Some(owner.clone());
+    let mut node = match caches.node() {
+        Some(cached) if holds(&cached) => Some((*cached).clone()),
+        _ => read(&nodes, &caches.node_name).await,
+    };
     let mut backoff = std::time::Duration::from_millis(100);
     for attempt in 1..=5 {
         let Some(current) = node.take() else { return };
-        if pod::lock_owner(&current).ok().flatten() != Some(owner.clone()) {
+        if !holds(&current) {
             return;
         }
         let body = json!({ "metadata": {
@@ -46,10 +52,15 @@ pub async fn release(client: &Client, caches: &Caches, pod: &Pod) {
         }
         tokio::time::sleep(backoff).await;
         backoff *= 2;
-        node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&caches.node_name))
-            .await
-            .ok()
-            .and_then(Result::ok);
+        node = read(&nodes, &caches.node_name).await;
     }
     warn!("gave up releasing the node lock after 5 attempts; HAMi takes it back after its expiry");
+}
+
+/// The node as the API server has it now (`None` on an error or timeout).
+async fn read(nodes: &Api<Node>, name: &str) -> Option<Node> {
+    tokio::time::timeout(CALL_TIMEOUT, nodes.get(name))
+        .await
+        .ok()
+        .and_then(Result::ok)
 }

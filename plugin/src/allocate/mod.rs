@@ -5,6 +5,7 @@
 
 mod hint;
 mod lock;
+mod lookup;
 mod occupancy;
 mod ours;
 mod pod;
@@ -18,7 +19,7 @@ use std::{
 };
 
 pub use hint::HamiHint;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
@@ -120,7 +121,7 @@ pub struct Allocator {
     snapshots: watch::Receiver<Snapshot>,
     config: AllocateConfig,
     serial: Arc<Mutex<()>>,
-    /// Our writes laid over the cache (see [`ours`]).
+    /// Pods known ahead of the cache, laid over it (see [`ours`]).
     ours: ours::Ours,
     /// The cached pods' CU claims, judged once per pod version.
     claims: occupancy::Claims,
@@ -172,14 +173,19 @@ impl Allocator {
     ) -> Result<ContainerAllocateResponse, AllocateError> {
         let serial = Arc::clone(&self.serial).lock_owned().await;
         let node = self.caches.node();
-        let (pods, edited) = self.ours.view(self.caches.pods.state());
-        self.report_distrust(edited);
+        let mut pods = self.view();
         let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
             Ok(pod) => pod,
-            Err(err) => self
-                .lock_owner_from_api(ids.len())
-                .await
-                .ok_or_else(|| AllocateError::new(Reason::NoPod, err))?,
+            Err(err) => {
+                let pod = self
+                    .lock_owner_from_api(ids.len())
+                    .await
+                    .ok_or_else(|| AllocateError::new(Reason::NoPod, err))?;
+                // The pod read joins the view (its earlier containers' CUs count).
+                self.ours.learned(Arc::clone(&pod));
+                pods = self.view();
+                pod
+            }
         };
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
         match self.allocate_for(&pod, &pods, ids.len()).await {
@@ -208,6 +214,15 @@ impl Allocator {
         }
     }
 
+    /// The cached pods with those known ahead of the cache; edits of our
+    /// records are reported.
+    fn view(&self) -> Vec<Arc<Pod>> {
+        let (mark, cached) = self.caches.pods_with_mark();
+        let (pods, edited) = self.ours.view(mark, cached);
+        self.report_distrust(edited);
+        pods
+    }
+
     /// Records that `ids` went to `pod`, for PreStartContainer; `pods` are
     /// the live ones (looked up only when the record is pruned).
     fn remember_owner(&self, ids: &[String], pod: &Pod, pods: &[Arc<Pod>]) {
@@ -226,25 +241,6 @@ impl Allocator {
             uids.contains(uid)
         };
         self.owners.remember(ids, owner, live);
-    }
-
-    /// Off the happy path: the cached view did not name a fitting pod (the
-    /// watch lags behind HAMi's lock or the pod); read the node and the lock
-    /// owner once from the API server.
-    async fn lock_owner_from_api(&self, count: usize) -> Option<Arc<Pod>> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name))
-            .await
-            .ok()?
-            .ok()?;
-        let (namespace, name) = pod::lock_owner(&node).ok().flatten()?;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let pod = tokio::time::timeout(CALL_TIMEOUT, api.get(&name))
-            .await
-            .ok()?
-            .ok()?;
-        info!(pod = %format!("{namespace}/{name}"), "the cache lagged behind the lock; read it");
-        (pod::next_entry_len(&pod) == Some(count)).then(|| Arc::new(pod))
     }
 
     async fn allocate_for(
@@ -376,7 +372,7 @@ impl Allocator {
         {
             Ok(Ok(written)) => {
                 let written = Arc::new(written);
-                self.ours.wrote(Arc::clone(&written));
+                self.ours.learned(Arc::clone(&written));
                 Ok(written)
             }
             Ok(Err(err)) => Err(format!("patching the pod: {err}")),

@@ -1,8 +1,15 @@
-//! What this plugin process wrote on pods, laid over the watch cache.
+//! What this plugin process knows of pods ahead of the watch cache, laid
+//! over it.
 //!
-//! - **Recent writes**: Allocates are serialised, and the next one must not
-//!   see a pod's entry that the previous one already consumed; the pod as our
-//!   own patch returned it is used until the watch delivers that version.
+//! - **Pods ahead of the cache**: a pod as our own patch returned it, or as
+//!   a read from the API server returned it, counts from that moment on for
+//!   every later Allocate and PreStartContainer, whether the cache holds an
+//!   older version of the pod or none at all (the watch lags), until the
+//!   watch has delivered a version at least as new (the cache's copy, which
+//!   includes our write, takes over) or the pod is gone: the watch has
+//!   delivered changes past it, or the cache was listed after it, and the
+//!   pod is not there ([`CacheMark::covers`]). There is no time limit: a
+//!   grant must not stop counting because the watch is slow or broken.
 //! - **Our CU record**: users can edit their own pods. Once this process has
 //!   written a pod's `hami.io/amd-cu-allocated` and spare set, those values are
 //!   what count for that pod for as long as it lives; an edit is reported and
@@ -13,20 +20,17 @@ use std::{
     collections::{HashMap, HashSet},
     hash::{Hash, Hasher},
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::{occupancy::Distrust, reuse::CU_SPARE_KEY};
-use crate::hami::CU_ALLOCATED_KEY;
+use crate::{hami::CU_ALLOCATED_KEY, kube::CacheMark};
 
 /// The annotations of ours that a user's edit must not change.
 const RECORDED: [&str; 2] = [CU_ALLOCATED_KEY, CU_SPARE_KEY];
-
-/// How long a write of ours is laid over a cache that has not delivered it.
-const RECENT_FOR: Duration = Duration::from_secs(300);
 
 fn resource_version(pod: &Pod) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
@@ -51,6 +55,14 @@ struct Clean {
     _held: Arc<Pod>,
 }
 
+/// A version of a pod newer than the cache's (or one it does not hold), and
+/// when this process got it.
+#[derive(Debug)]
+struct Ahead {
+    known_at: Instant,
+    pod: Arc<Pod>,
+}
+
 impl Record {
     /// Drops the records of pods not in `live` each time the record has
     /// doubled since the last time (a uid never comes back).
@@ -64,22 +76,14 @@ impl Record {
     }
 }
 
-/// Our writes, by pod uid.
-#[derive(Debug)]
+/// What we know ahead of the cache, and our CU records, by pod uid.
+#[derive(Debug, Default)]
 pub struct Ours {
-    /// Pod uid -> our last write to it, and when.
-    recent: Mutex<HashMap<String, (Instant, Arc<Pod>)>>,
+    ahead: Mutex<HashMap<String, Ahead>>,
     record: Mutex<Record>,
     /// Sorted by address. A pod version stays clean: the record of a uid
     /// changes only when we write that pod, which makes a new version.
     clean: Mutex<Vec<Clean>>,
-    recent_for: Duration,
-}
-
-impl Default for Ours {
-    fn default() -> Self {
-        Self::keeping_writes_for(RECENT_FOR)
-    }
 }
 
 fn uid_hash(uid: &str) -> u64 {
@@ -89,22 +93,20 @@ fn uid_hash(uid: &str) -> u64 {
 }
 
 impl Ours {
-    /// Ours, laying a write over a cache that has not delivered it for at
-    /// most `recent_for`.
-    pub fn keeping_writes_for(recent_for: Duration) -> Self {
-        Self {
-            recent: Mutex::default(),
-            record: Mutex::default(),
-            clean: Mutex::default(),
-            recent_for,
+    /// Remembers `pod`, as our patch or a read from the API server returned
+    /// it, unless a newer version is known already.
+    pub fn learned(&self, pod: Arc<Pod>) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        let mut ahead = lock(&self.ahead);
+        if let Some(known) = ahead.get(&uid)
+            && resource_version(&known.pod) > resource_version(&pod)
+        {
+            return;
         }
-    }
-
-    /// Remembers `written`, as our patch returned it.
-    pub fn wrote(&self, written: Arc<Pod>) {
-        if let Some(uid) = written.metadata.uid.clone() {
-            lock(&self.recent).insert(uid, (Instant::now(), written));
-        }
+        let known_at = Instant::now();
+        ahead.insert(uid, Ahead { known_at, pod });
     }
 
     /// Remembers `written`'s CU annotations as ours (after an allocation).
@@ -114,49 +116,71 @@ impl Ours {
         lock(&self.record).values.insert(uid, values);
     }
 
-    /// `cached` with our newer writes laid over it, and our recorded values
-    /// put back where a pod's annotations were edited (each such pod is
-    /// returned in the second list). Called on every Allocate: a pod version
-    /// seen clean before is passed on without being read.
-    pub fn view(&self, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
-        let mut recent = lock(&self.recent);
+    /// The pod `namespace/name` (of `uid`, when given) as known ahead of the
+    /// cache, if it is.
+    pub fn ahead_of_cache(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Option<Arc<Pod>> {
+        lock(&self.ahead)
+            .iter()
+            .find(|(u, a)| {
+                uid.is_none_or(|want| want == u.as_str())
+                    && a.pod.namespace().as_deref() == Some(namespace)
+                    && a.pod.name_any() == name
+            })
+            .map(|(_, a)| Arc::clone(&a.pod))
+    }
+
+    /// `cached` (read after `mark` was taken) with the pods we know ahead of
+    /// it laid over it or added to it, and our recorded values put back
+    /// where a pod's annotations were edited (each such pod is returned in
+    /// the second list). Called on every Allocate: a pod version seen clean
+    /// before is passed on without being read.
+    pub fn view(&self, mark: CacheMark, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
+        let mut ahead = lock(&self.ahead);
         let mut record = lock(&self.record);
-        record.prune(cached.iter().chain(recent.values().map(|(_, p)| p)));
-        if recent.is_empty() && record.values.is_empty() {
+        record.prune(cached.iter().chain(ahead.values().map(|a| &a.pod)));
+        if ahead.is_empty() && record.values.is_empty() {
             return (cached, Vec::new());
         }
-        let ours: Vec<(u64, &str, &Arc<Pod>)> = recent
+        let known: Vec<(u64, &str, &Ahead)> = ahead
             .iter()
-            .map(|(uid, (_, pod))| (uid_hash(uid), uid.as_str(), pod))
+            .map(|(uid, a)| (uid_hash(uid), uid.as_str(), a))
             .collect();
+        let mut in_cache = vec![false; known.len()];
         let mut clean = lock(&self.clean);
         let mut earlier: Vec<(usize, Option<Clean>)> = std::mem::take(&mut *clean)
             .into_iter()
             .map(|c| (c.address, Some(c)))
             .collect();
         let (mut edited, mut caught_up) = (Vec::new(), Vec::new());
-        let mut pods = Vec::with_capacity(cached.len());
+        let mut pods = Vec::with_capacity(cached.len() + known.len());
         for p in cached {
             let address = Arc::as_ptr(&p).addr();
-            let known = earlier
+            let seen_clean = earlier
                 .binary_search_by_key(&address, |(a, _)| *a)
                 .ok()
                 .and_then(|i| earlier[i].1.take());
-            let hash = known.as_ref().map(|c| c.uid_hash);
+            let hash = seen_clean.as_ref().map(|c| c.uid_hash);
             let hash = hash.or_else(|| p.metadata.uid.as_deref().map(uid_hash));
-            let newer = ours
-                .iter()
-                .find(|(h, uid, _)| Some(*h) == hash && p.metadata.uid.as_deref() == Some(*uid));
-            if let Some((_, uid, ours)) = newer {
-                if resource_version(&p) >= resource_version(ours) {
-                    caught_up.push((*uid).to_owned());
+            let newer = known.iter().position(|(h, uid, _)| {
+                Some(*h) == hash && p.metadata.uid.as_deref() == Some(*uid)
+            });
+            if let Some(i) = newer {
+                in_cache[i] = true;
+                let (_, uid, ours) = known[i];
+                if resource_version(&p) >= resource_version(&ours.pod) {
+                    caught_up.push(uid.to_owned());
                 } else {
-                    pods.push(restored(ours, &record.values, &mut edited));
+                    pods.push(restored(&ours.pod, &record.values, &mut edited));
                     continue;
                 }
             }
-            if let Some(known) = known {
-                clean.push(known);
+            if let Some(seen_clean) = seen_clean {
+                clean.push(seen_clean);
                 pods.push(p);
                 continue;
             }
@@ -171,12 +195,38 @@ impl Ours {
             pods.push(seen);
         }
         clean.sort_unstable_by_key(|c| c.address);
-        // Our writes the watch has caught up with are dropped, and so are
-        // those it never delivered in `recent_for` (the pod was deleted first).
-        let keep = self.recent_for;
-        recent.retain(|uid, (at, _)| !caught_up.contains(uid) && at.elapsed() < keep);
+        let uncached = known
+            .iter()
+            .zip(in_cache)
+            .filter(|(_, c)| !c)
+            .map(|(k, _)| *k);
+        let gone = add_uncached(uncached, mark, &record.values, &mut pods, &mut edited);
+        for uid in caught_up.iter().chain(&gone) {
+            ahead.remove(uid);
+        }
         (pods, edited)
     }
+}
+
+/// Adds to `pods` each pod known ahead of a cache that does not hold it,
+/// unless the cache would hold it by now (see [`CacheMark::covers`]); the
+/// uids of those, which are gone, are returned.
+fn add_uncached<'a>(
+    uncached: impl Iterator<Item = (u64, &'a str, &'a Ahead)>,
+    mark: CacheMark,
+    record: &HashMap<String, [Option<String>; 2]>,
+    pods: &mut Vec<Arc<Pod>>,
+    edited: &mut Vec<Distrust>,
+) -> Vec<String> {
+    let mut gone = Vec::new();
+    for (_, uid, ours) in uncached {
+        if mark.covers(resource_version(&ours.pod), ours.known_at) {
+            gone.push(uid.to_owned());
+        } else {
+            pods.push(restored(&ours.pod, record, edited));
+        }
+    }
+    gone
 }
 
 /// `pod` with its recorded values, if it has any (see [`restore`]).
@@ -239,29 +289,97 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use serde_json::json;
 
     use super::*;
 
     fn pod(rv: &str, cus: Option<&str>) -> Pod {
+        named("p", "u-1", rv, cus)
+    }
+
+    fn named(name: &str, uid: &str, rv: &str, cus: Option<&str>) -> Pod {
         let mut annotations = json!({});
         if let Some(c) = cus {
             annotations[CU_ALLOCATED_KEY] = json!(c);
         }
         serde_json::from_value(json!({"metadata": {
-            "name": "p", "namespace": "ns", "uid": "u-1", "resourceVersion": rv,
+            "name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv,
             "annotations": annotations}}))
         .unwrap()
+    }
+
+    /// A cache mark that has seen nothing.
+    fn lagging() -> CacheMark {
+        CacheMark::default()
     }
 
     #[test]
     fn our_newer_write_wins_until_the_cache_catches_up() {
         let ours = Ours::default();
-        ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
-        let (view, _) = ours.view(vec![Arc::new(pod("5", None))]);
+        ours.learned(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
+        let (view, _) = ours.view(lagging(), vec![Arc::new(pod("5", None))]);
+        assert_eq!(view.len(), 1);
         assert_eq!(view[0].resource_version().as_deref(), Some("7"));
-        let (view, _) = ours.view(vec![Arc::new(pod("8", None))]);
+        let (view, _) = ours.view(lagging(), vec![Arc::new(pod("8", None))]);
         assert_eq!(view[0].resource_version().as_deref(), Some("8"));
+        assert!(lock(&ours.ahead).is_empty());
+    }
+
+    #[test]
+    fn a_pod_the_cache_does_not_hold_yet_counts_until_the_watch_passes_it() {
+        let ours = Ours::default();
+        ours.learned(Arc::new(named("a", "u-a", "7", Some(r#"{"A":"0-9"}"#))));
+        let other = Arc::new(named("b", "u-b", "3", None));
+        for _ in 0..3 {
+            let (view, _) = ours.view(lagging(), vec![Arc::clone(&other)]);
+            let names: Vec<String> = view.iter().map(|p| p.name_any()).collect();
+            assert_eq!(names, ["b", "a"], "the uncached pod joins the view");
+        }
+        let behind = CacheMark {
+            delivered_through: 6,
+            listed_after: None,
+        };
+        assert_eq!(ours.view(behind, Vec::new()).0.len(), 1, "not there yet");
+        let passed = CacheMark {
+            delivered_through: 9,
+            listed_after: None,
+        };
+        let (view, _) = ours.view(passed, Vec::new());
+        assert!(
+            view.is_empty(),
+            "the watch passed version 7 without it: gone"
+        );
+        assert!(lock(&ours.ahead).is_empty());
+    }
+
+    #[test]
+    fn a_list_made_after_we_knew_the_pod_settles_it() {
+        let ours = Ours::default();
+        ours.learned(Arc::new(pod("7", None)));
+        let listed_before = CacheMark {
+            delivered_through: 0,
+            listed_after: Some(Instant::now() - Duration::from_secs(1)),
+        };
+        assert_eq!(ours.view(listed_before, Vec::new()).0.len(), 1);
+        let listed_after = CacheMark {
+            delivered_through: 0,
+            listed_after: Some(Instant::now() + Duration::from_secs(1)),
+        };
+        assert!(ours.view(listed_after, Vec::new()).0.is_empty());
+        assert!(lock(&ours.ahead).is_empty());
+    }
+
+    #[test]
+    fn an_older_read_never_replaces_a_newer_write() {
+        let ours = Ours::default();
+        ours.learned(Arc::new(pod("9", Some(r#"{"A":"0-9"}"#))));
+        ours.learned(Arc::new(pod("8", None)));
+        let found = ours.ahead_of_cache("ns", "p", Some("u-1")).unwrap();
+        assert_eq!(found.resource_version().as_deref(), Some("9"));
+        assert!(ours.ahead_of_cache("ns", "p", Some("u-2")).is_none());
+        assert!(ours.ahead_of_cache("other", "p", None).is_none());
     }
 
     #[test]
@@ -269,10 +387,10 @@ mod tests {
         let ours = Ours::default();
         let written = pod("7", Some(r#"{"A":"0-9"}"#));
         ours.recorded(&written);
-        let (view, edited) = ours.view(vec![Arc::new(written.clone())]);
+        let (view, edited) = ours.view(lagging(), vec![Arc::new(written.clone())]);
         assert!(edited.is_empty());
         assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
-        let (view, edited) = ours.view(vec![Arc::new(pod("9", None))]);
+        let (view, edited) = ours.view(lagging(), vec![Arc::new(pod("9", None))]);
         assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
         assert_eq!(edited.len(), 1);
         assert!(
@@ -289,44 +407,29 @@ mod tests {
         ours.recorded(&first);
         let cached = Arc::new(first);
         for _ in 0..2 {
-            let (view, edited) = ours.view(vec![Arc::clone(&cached)]);
+            let (view, edited) = ours.view(lagging(), vec![Arc::clone(&cached)]);
             assert!(edited.is_empty(), "{edited:?}");
             assert!(Arc::ptr_eq(&view[0], &cached), "shared, not copied");
         }
-        ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
-        let (view, _) = ours.view(vec![Arc::clone(&cached)]);
+        ours.learned(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
+        let (view, _) = ours.view(lagging(), vec![Arc::clone(&cached)]);
         assert_eq!(
             view[0].resource_version().as_deref(),
             Some("7"),
             "our newer write wins over the copy seen clean"
         );
-        let (view, edited) = ours.view(vec![Arc::new(pod("8", Some(r#"{"A":"0-99"}"#)))]);
+        let (view, edited) =
+            ours.view(lagging(), vec![Arc::new(pod("8", Some(r#"{"A":"0-99"}"#)))]);
         assert_eq!(edited.len(), 1, "the edit of a new version is caught");
         assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
-        assert!(lock(&ours.recent).is_empty(), "the watch caught up at 8");
-    }
-
-    #[test]
-    fn a_write_the_watch_never_delivers_is_dropped_in_time() {
-        let ours = Ours::keeping_writes_for(Duration::ZERO);
-        ours.wrote(Arc::new(pod("7", Some(r#"{"A":"0-9"}"#))));
-        let (view, _) = ours.view(Vec::new());
-        assert!(
-            view.is_empty(),
-            "a pod the cache does not hold is not added"
-        );
-        assert!(lock(&ours.recent).is_empty());
-        let ours = Ours::default();
-        ours.wrote(Arc::new(pod("7", None)));
-        ours.view(Vec::new());
-        assert_eq!(lock(&ours.recent).len(), 1, "kept while the watch may lag");
+        assert!(lock(&ours.ahead).is_empty(), "the watch caught up at 8");
     }
 
     #[test]
     fn records_of_pods_that_are_gone_are_dropped() {
         let ours = Ours::default();
         ours.recorded(&pod("7", Some(r#"{"A":"0-9"}"#)));
-        let (_, _) = ours.view(Vec::new());
+        let (_, _) = ours.view(lagging(), Vec::new());
         assert!(lock(&ours.record).values.is_empty());
     }
 }

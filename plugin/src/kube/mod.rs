@@ -5,6 +5,7 @@
 //! and the few writes the protocol needs.
 
 mod events;
+mod progress;
 mod register;
 
 use std::{
@@ -24,6 +25,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
+pub use progress::{CacheMark, WatchProgress};
 pub use register::{RegisterConfig, run_register};
 use tracing::warn;
 
@@ -101,6 +103,8 @@ pub struct Caches {
     pub node_name: String,
     pub nodes: Store<Node>,
     pub pods: Store<Pod>,
+    /// How far the pods watch has brought [`Self::pods`].
+    pub pods_progress: Arc<WatchProgress>,
     /// Whether each watch (node, pods) got an answer last time, not an error.
     watching: Arc<[AtomicBool; 2]>,
 }
@@ -113,18 +117,27 @@ impl Caches {
         let node_fields = format!("metadata.name={node_name}");
         let pod_fields = format!("spec.nodeName={node_name}");
         let watching = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+        let pods_progress = Arc::new(WatchProgress::default());
         let nodes = watch(decoder, Api::<Node>::all(client.clone()), &node_fields, {
             let w = watching.clone();
-            move |ok| w[0].store(ok, Ordering::Relaxed)
+            move |event: Option<&watcher::Event<Node>>| {
+                w[0].store(event.is_some(), Ordering::Relaxed)
+            }
         });
         let pods = watch(decoder, Api::<Pod>::all(client.clone()), &pod_fields, {
-            let w = watching.clone();
-            move |ok| w[1].store(ok, Ordering::Relaxed)
+            let (w, progress) = (watching.clone(), pods_progress.clone());
+            move |event: Option<&watcher::Event<Pod>>| {
+                w[1].store(event.is_some(), Ordering::Relaxed);
+                if let Some(event) = event {
+                    progress.saw(event);
+                }
+            }
         });
         Self {
             node_name: node_name.to_owned(),
             nodes,
             pods,
+            pods_progress,
             watching,
         }
     }
@@ -136,8 +149,16 @@ impl Caches {
             node_name: node_name.to_owned(),
             nodes,
             pods,
+            pods_progress: Arc::new(WatchProgress::default()),
             watching: Arc::new([AtomicBool::new(true), AtomicBool::new(true)]),
         }
+    }
+
+    /// The cached pods, and the mark taken just before they were read (what
+    /// their absence means, see [`CacheMark::covers`]).
+    pub fn pods_with_mark(&self) -> (CacheMark, Vec<Arc<Pod>>) {
+        let mark = self.pods_progress.mark();
+        (mark, self.pods.state())
     }
 
     /// Whether both watches work: their last answer from the API server was
@@ -155,13 +176,13 @@ impl Caches {
     }
 }
 
-/// A reflector of `api` restricted to `fields`; `answered` says after each
-/// event whether it came from the API server (true) or was an error.
+/// A reflector of `api` restricted to `fields`; `answered` gets each event
+/// after the store applied it (`None`: the watch failed).
 fn watch<K>(
     decoder: &tokio::runtime::Handle,
     api: Api<K>,
     fields: &str,
-    answered: impl Fn(bool) + Send + 'static,
+    answered: impl Fn(Option<&watcher::Event<K>>) + Send + 'static,
 ) -> Store<K>
 where
     K: kube::Resource<DynamicType = ()>
@@ -179,9 +200,12 @@ where
     decoder.spawn(async move {
         futures_util::pin_mut!(stream);
         while let Some(event) = stream.next().await {
-            answered(event.is_ok());
-            if let Err(err) = event {
-                warn!("watch of {what}: {err}");
+            match event {
+                Ok(event) => answered(Some(&event)),
+                Err(err) => {
+                    answered(None);
+                    warn!("watch of {what}: {err}");
+                }
             }
         }
     });

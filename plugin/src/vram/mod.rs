@@ -6,7 +6,9 @@
 //!
 //! PreStartContainer carries only device ids; the pod is the one Allocate
 //! gave them to (kept in [`owners::Owners`]), or after a restart the one
-//! kubelet's pod-resources API names for them. With `--dmem-backend on` a
+//! kubelet's pod-resources API names for them. The pod itself is found the
+//! way Allocate finds it ([`PodLookup`]), so a watch that lags behind
+//! Allocate's write does not fail the container start. With `--dmem-backend on` a
 //! cap that cannot be applied fails the container start; with `auto` it is
 //! logged and reported as a Warning Event on the pod, and the container starts
 //! with the cooperative limit only.
@@ -26,7 +28,7 @@ use crate::{
     devices::gpu_id,
     gpud_client::Snapshot,
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
-    kube::{Caches, Events, Regarding},
+    kube::{Events, Regarding},
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -55,13 +57,25 @@ pub trait CapSink: Send + Sync + fmt::Debug {
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 }
 
+/// Finds a pod of this node by name (and uid, when given): Allocate's
+/// knowledge ahead of the watch cache, the cache, then the API server.
+pub trait PodLookup: Send + Sync {
+    /// The pod, or why it cannot be had.
+    fn find<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>>;
+}
+
 /// The PreStartContainer side of VRAM caps.
 #[derive(Clone)]
 pub struct VramCaps {
     pub mode: DmemMode,
     pub sink: Arc<dyn CapSink>,
     pub owners: Arc<Owners>,
-    pub caches: Caches,
+    pub pods: Arc<dyn PodLookup>,
     pub snapshots: watch::Receiver<Snapshot>,
     pub events: Option<Events>,
 }
@@ -121,20 +135,16 @@ impl VramCaps {
     async fn apply(&self, ids: &[String]) -> Result<(), CapError> {
         let owner = match self.owners.get(ids) {
             Some(owner) => owner,
-            None => self.owners.recover(ids, &self.caches).await?,
+            None => self.owners.recover(ids, self.pods.as_ref()).await?,
         };
         let who = format!("{}/{}", owner.namespace, owner.name);
         let pod = self
-            .caches
             .pods
-            .state()
-            .into_iter()
-            .find(|p| {
-                p.namespace().as_deref() == Some(&owner.namespace) && p.name_any() == owner.name
-            })
-            .ok_or_else(|| CapError::BadPod {
+            .find(&owner.namespace, &owner.name, Some(&owner.uid))
+            .await
+            .map_err(|why| CapError::BadPod {
                 pod: who.clone(),
-                why: "not in the watch cache of this node's pods".to_owned(),
+                why,
             })?;
         let limits =
             pod_limits(&pod, &self.snapshots.borrow()).map_err(|why| CapError::BadPod {

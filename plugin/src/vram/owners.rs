@@ -2,7 +2,7 @@
 //! PreStartContainer names only device ids: Allocate records the pod it gave
 //! them to; after a plugin restart the record is rebuilt from kubelet's
 //! pod-resources API (which names the pod but not its UID; the UID comes from
-//! the watch cache).
+//! the pod as [`super::PodLookup`] finds it).
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -17,8 +17,8 @@ use proto::podresources::v1::{
 };
 use tracing::info;
 
-use super::CapError;
-use crate::kube::{CALL_TIMEOUT, Caches};
+use super::{CapError, PodLookup};
+use crate::kube::CALL_TIMEOUT;
 
 /// A pod, as Events and amd-gpud need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl Owners {
     ///
     /// # Errors
     /// When the API is off or unreachable, or names no such pod.
-    pub async fn recover(&self, ids: &[String], caches: &Caches) -> Result<PodRef, CapError> {
+    pub async fn recover(&self, ids: &[String], pods: &dyn PodLookup) -> Result<PodRef, CapError> {
         let fail = |why: String| CapError::NoPod {
             ids: ids.to_vec(),
             why,
@@ -98,13 +98,12 @@ impl Owners {
                 path.display()
             ))
         })?;
-        let uid = caches
-            .pods
-            .state()
-            .into_iter()
-            .find(|p| p.namespace().as_deref() == Some(&namespace) && p.name_any() == name)
-            .and_then(|p| p.uid())
-            .ok_or_else(|| fail(format!("{namespace}/{name} is not in the watch cache")))?;
+        let uid = pods
+            .find(&namespace, &name, None)
+            .await
+            .map_err(|why| fail(format!("{namespace}/{name}: {why}")))?
+            .uid()
+            .ok_or_else(|| fail(format!("{namespace}/{name} has no uid")))?;
         let pod = PodRef {
             namespace,
             name,

@@ -1,8 +1,7 @@
 use std::{sync::Mutex, time::Duration};
 
 use ipc::types::GpuInfo;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::{reflector, watcher};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::*;
@@ -73,21 +72,39 @@ impl CapSink for FakeSink {
     }
 }
 
-fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSink>) {
-    let (pod_reader, mut pod_writer) = reflector::store::<Pod>();
-    pod_writer.apply_watcher_event(&watcher::Event::Init);
-    for p in pods {
-        pod_writer.apply_watcher_event(&watcher::Event::InitApply(p));
+/// The pods of the node as a lookup finds them.
+#[derive(Debug, Default)]
+struct Known {
+    pods: Vec<Arc<Pod>>,
+}
+
+impl PodLookup for Known {
+    fn find<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
+        let found = self.pods.iter().find(|p| {
+            p.namespace().as_deref() == Some(namespace)
+                && p.name_any() == name
+                && uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
+        });
+        let answer = found.cloned().ok_or_else(|| "no such pod".to_owned());
+        Box::pin(async move { answer })
     }
-    pod_writer.apply_watcher_event(&watcher::Event::InitDone);
-    let (node_reader, _node_writer) = reflector::store::<Node>();
+}
+
+fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSink>) {
     let sink = Arc::new(sink);
     let (_tx, snapshots) = watch::channel(snapshot());
     let caps = VramCaps {
         mode,
         sink: sink.clone(),
         owners: Arc::new(Owners::new(None, "amd.com/gpu")),
-        caches: Caches::from_stores("n", node_reader, pod_reader),
+        pods: Arc::new(Known {
+            pods: pods.into_iter().map(Arc::new).collect(),
+        }),
         snapshots,
         events: None,
     };
