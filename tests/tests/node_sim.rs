@@ -312,6 +312,98 @@ fn the_text_report_tells_the_same() {
     }
 }
 
+/// Two pods on the RX 9070 XT (gfx12, WGP pairs), admitted one right after
+/// the other: the second Allocate must count the first pod's CUs even when
+/// the plugin's watch has not delivered that pod yet (issue 16), and both
+/// containers must start.
+#[test]
+fn back_to_back_pods_get_disjoint_cus_and_start() {
+    if !have_dbus() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pods = dir.path().join("two.yaml");
+    let pod = |name: &str, cores: u32| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  \
+             - name: c\n    image: x\n    resources: {{limits: {{amd.com/gpu: 1, \
+             amd.com/gpucores: {cores}, amd.com/gpumem: 1024}}}}\n"
+        )
+    };
+    std::fs::write(
+        &pods,
+        format!("{}---\n{}", pod("first", 25), pod("second", 40)),
+    )
+    .unwrap();
+    let args = [
+        "--json",
+        "--node",
+        "rx9070xt",
+        "--pods",
+        pods.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = node_sim(&args);
+    assert_eq!(code, 0, "node-sim failed:\n{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["overlaps"], serde_json::json!([]));
+    let mut masks = Vec::new();
+    for name in ["first", "second"] {
+        let c = &containers(pod_named(&report, name))[0];
+        let pre_start = c["pre_start"].as_str().unwrap_or_default();
+        assert!(pre_start.starts_with("ok"), "{name}: PreStart {pre_start}");
+        let ranges = gpus(c)[0]["cu_ranges"].as_str().unwrap().to_owned();
+        masks.push(id_ranges(&ranges).collect::<Vec<_>>());
+    }
+    let cus = |m: &[(u32, u32)]| {
+        m.iter()
+            .flat_map(|(a, b)| *a..=*b)
+            .collect::<BTreeSet<u32>>()
+    };
+    assert!(
+        cus(&masks[0]).is_disjoint(&cus(&masks[1])),
+        "overlapping CU masks: {masks:?}"
+    );
+}
+
+/// A container whose PreStartContainer fails (here: kubelet made no pod
+/// cgroup, so amd-gpud has nowhere to put the VRAM cap) is reported as not
+/// started, and node-sim exits 2.
+#[test]
+fn a_failed_pre_start_is_reported_and_exits_2() {
+    if !have_dbus() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pods = dir.path().join("no-cgroup.yaml");
+    std::fs::write(
+        &pods,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: no-cgroup\n  annotations: \
+         {node-sim/pod-cgroup: absent}\nspec:\n  containers:\n  - name: c\n    image: x\n    \
+         resources: {limits: {amd.com/gpu: 1, amd.com/gpucores: 25, amd.com/gpumem: 1024}}\n",
+    )
+    .unwrap();
+    let args = [
+        "--json",
+        "--node",
+        "rx9070xt",
+        "--amdsmi",
+        "none",
+        "--pods",
+        pods.to_str().unwrap(),
+    ];
+    let (code, stdout, stderr) = node_sim(&args);
+    assert_eq!(code, 2, "node-sim:\n{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let c = &containers(pod_named(&report, "no-cgroup"))[0];
+    assert!(c["error"].is_null(), "Allocate itself worked: {c}");
+    let why = c["start_error"].as_str().unwrap();
+    assert!(
+        why.contains("PreStartContainer failed") && why.contains("no cgroup for pod"),
+        "{why}"
+    );
+    assert!(stderr.contains("did not start"), "progress: {stderr}");
+}
+
 #[test]
 fn bad_options_and_pods_fail_clearly() {
     let (code, _, stderr) = node_sim(&["--node", "mi999"]);

@@ -332,7 +332,8 @@ struct Watch {
     last_rv: u64,
     deadline: Instant,
     bookmarks: bool,
-    queue: VecDeque<Bytes>,
+    /// Lines waiting to go out, each with the instant it may.
+    queue: VecDeque<(Instant, Bytes)>,
     done: bool,
     changed: tokio::sync::watch::Receiver<u64>,
 }
@@ -346,16 +347,25 @@ fn event_line(kind_of_change: &str, object: &Value) -> Bytes {
 }
 
 impl Watch {
+    /// Queues `line` to go out after the lag knob's delay, and never before
+    /// the line queued before it.
+    fn push(&mut self, line: Bytes) {
+        let due = Instant::now() + self.shared.next_watch_delay();
+        let due = self.queue.back().map_or(due, |(last, _)| due.max(*last));
+        self.queue.push_back((due, line));
+    }
+
     /// Queues the events after `last_rv`, or a 410 `Expired` error when they are gone.
     fn poll_store(&mut self) {
-        let store = self.shared.lock_store();
+        let shared = Arc::clone(&self.shared);
+        let store = shared.lock_store();
         let Some(changes) = store.changes_since(self.last_rv, self.kind) else {
             let status = json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": format!("too old resource version: {} ({})", self.last_rv, store.compacted_through + 1),
                 "reason": "Expired", "code": 410,
             });
-            self.queue.push_back(event_line("ERROR", &status));
+            self.push(event_line("ERROR", &status));
             self.done = true;
             return;
         };
@@ -377,14 +387,17 @@ impl Watch {
                 (_, _, false) => continue,
                 (kind_of_change, _, true) => kind_of_change,
             };
-            self.queue.push_back(event_line(sent, &change.object));
+            self.push(event_line(sent, &change.object));
         }
         self.last_rv = store.rv;
     }
 
     async fn next(mut self) -> Option<(Result<Frame<Bytes>, io::Error>, Self)> {
         loop {
-            if let Some(line) = self.queue.pop_front() {
+            if let Some((due, _)) = self.queue.front() {
+                tokio::time::sleep_until(*due).await;
+            }
+            if let Some((_, line)) = self.queue.pop_front() {
                 return Some((Ok(Frame::data(line)), self));
             }
             if self.done {
@@ -407,7 +420,7 @@ impl Watch {
                             "kind": self.kind.kind(), "apiVersion": self.kind.api_version(),
                             "metadata": {"resourceVersion": self.last_rv.to_string()},
                         });
-                        self.queue.push_back(event_line("BOOKMARK", &bookmark));
+                        self.push(event_line("BOOKMARK", &bookmark));
                     }
                     self.done = true;
                 }
@@ -441,7 +454,7 @@ fn watch(shared: &Arc<Shared>, route: &Route, req: &Req) -> Result<Response<Body
         "" | "0" => {
             let store = shared.lock_store();
             for obj in store.list(route.kind, route.namespace.as_deref(), &watch.selector) {
-                watch.queue.push_back(event_line("ADDED", &obj));
+                watch.push(event_line("ADDED", &obj));
             }
             watch.last_rv = store.rv;
         }

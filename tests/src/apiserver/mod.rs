@@ -17,7 +17,10 @@
 //!   handled as a merge patch) with the `metadata.resourceVersion` precondition (409
 //!   `Conflict`, nothing changed), DELETE (immediate, no grace period);
 //! * for pods and nodes the main resource ignores `status` and `status` ignores `spec`;
-//! * the legacy discovery documents (`/api`, `/apis`, `/api/v1`, ...), so kubectl works.
+//! * the legacy discovery documents (`/api`, `/apis`, `/api/v1`, ...), so kubectl works;
+//! * a lag knob ([`FakeApiServer::set_watch_delay`]): every watch event goes out a fixed
+//!   plus a random time after it happened, in order, as from a loaded API server whose
+//!   watch cache lags behind its writes (reads and writes are not delayed).
 //!
 //! The server runs on its own thread and runtime, so it works from sync and async tests
 //! alike, and stops when dropped.
@@ -38,6 +41,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
+    time::Duration,
 };
 
 pub use merge::merge_patch;
@@ -126,9 +130,20 @@ impl Counts {
     }
 }
 
+/// How late watch events go out: `fixed` plus a uniformly random part of at
+/// most `random`, per event (never before an earlier event of the same
+/// watch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WatchDelay {
+    pub fixed: Duration,
+    pub random: Duration,
+}
+
 /// State shared by the HTTP side and the test hooks.
 pub(crate) struct Shared {
     store: Mutex<Store>,
+    /// The lag knob and the generator of its random parts.
+    watch_delay: Mutex<(WatchDelay, crate::rng::Rng)>,
     /// Bumped after every write (and on `set_unreachable`) to wake the watches.
     changed: watch::Sender<u64>,
     unreachable: AtomicBool,
@@ -159,6 +174,17 @@ impl Shared {
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
+    }
+
+    /// How late the next watch event goes out.
+    pub(crate) fn next_watch_delay(&self) -> Duration {
+        let mut knob = lock(&self.watch_delay);
+        let (delay, rng) = &mut *knob;
+        if delay.random.is_zero() {
+            return delay.fixed;
+        }
+        let nanos = u64::try_from(delay.random.as_nanos()).unwrap_or(u64::MAX);
+        delay.fixed + Duration::from_nanos(rng.below(nanos.saturating_add(1)))
     }
 
     pub(crate) fn is_unreachable(&self) -> bool {
@@ -206,6 +232,7 @@ impl FakeApiServer {
             .build()?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
+            watch_delay: Mutex::new((WatchDelay::default(), crate::rng::Rng::new(0))),
             changed: watch::Sender::new(0),
             unreachable: AtomicBool::new(false),
             counts: Mutex::new(Counts::default()),
@@ -351,6 +378,12 @@ impl FakeApiServer {
     /// Zeroes the request counters.
     pub fn reset_requests(&self) {
         *lock(&self.shared.counts) = Counts::default();
+    }
+
+    /// Delays every watch event queued from now on by `delay`, its random
+    /// parts drawn from a generator seeded with `seed` (zero turns it off).
+    pub fn set_watch_delay(&self, delay: WatchDelay, seed: u64) {
+        *lock(&self.shared.watch_delay) = (delay, crate::rng::Rng::new(seed));
     }
 
     /// While set, every connection is closed without an answer (new ones at accept, open

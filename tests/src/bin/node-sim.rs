@@ -8,9 +8,11 @@
 //! the plugin's: that is how the simulator starts them (and how amd-gpud's
 //! AMD SMI probe, `node-sim amdsmi-probe ...`, re-enters it).
 //!
-//! Exit status: 0 when every pod HAMi placed was admitted (pods that do not
-//! fit are part of the report), 2 when one failed admission, 1 on an error,
-//! 130 when interrupted.
+//! Exit status: 0 when every pod HAMi placed was admitted and its containers
+//! started (pods that do not fit are part of the report), 2 when one failed
+//! admission or a container's PreStartContainer failed, 3 when two containers
+//! that run together were given the same CUs, 1 on an error, 130 when
+//! interrupted.
 
 use std::{ffi::OsString, io::Write, process::ExitCode};
 
@@ -62,9 +64,15 @@ fn run(options: &Options) -> anyhow::Result<ExitCode> {
             let why = stop_signal().await;
             eprintln!("node-sim: {why}; stopping everything it started");
         }
-        let admitted = sim.report.pods.iter().all(|p| !p.scheduled || p.admitted());
+        let started = sim.report.pods.iter().all(|p| !p.scheduled || p.started());
+        let overlaps = sim.report.overlaps.clone();
         drop(sim);
-        Ok(if admitted {
+        for overlap in &overlaps {
+            eprintln!("node-sim: CU OVERLAP: {overlap}");
+        }
+        Ok(if !overlaps.is_empty() {
+            ExitCode::from(3)
+        } else if started {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(2)

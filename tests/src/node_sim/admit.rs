@@ -3,7 +3,10 @@
 //! per AMD container, init containers first, then the pod cgroup and
 //! PreStartContainer when the plugin asks for it.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
 
 use serde_json::{Value, json};
 
@@ -11,7 +14,7 @@ use super::{
     Session,
     node::{self, SimNode},
     picture::labels,
-    pods::ExamplePod,
+    pods::{ExamplePod, POD_CGROUP_ANNOTATION},
     report::{ContainerReport, PodReport, Rejection},
 };
 use crate::{
@@ -168,20 +171,36 @@ async fn start_containers(
     let (true, Some(uid)) = (wanted, uid) else {
         return;
     };
-    let cgroup = add_pod(
-        &node.root,
-        CgroupDriver::Systemd,
-        qos_class(&pod.manifest),
-        uid,
-    );
+    let annotations = &pod.manifest["metadata"]["annotations"];
+    let cgroup = if annotations[POD_CGROUP_ANNOTATION] == "absent" {
+        Ok(PathBuf::new())
+    } else {
+        add_pod(
+            &node.root,
+            CgroupDriver::Systemd,
+            qos_class(&pod.manifest),
+            uid,
+        )
+    };
     for (ids, container) in allocated.iter().zip(report.containers.iter_mut()) {
-        container.pre_start = Some(match &cgroup {
-            Err(e) => format!("not called: the pod cgroup could not be made: {e}"),
+        let outcome = match &cgroup {
+            Err(e) => Err(format!("not called: the pod cgroup could not be made: {e}")),
             Ok(_) => match node.kubelet.pre_start(ids.clone()).await {
-                Ok(()) => "ok: VRAM caps set through amd-gpud".to_owned(),
-                Err(status) => format!("failed: {}", status.message()),
+                Ok(()) => Ok("ok: VRAM caps set through amd-gpud".to_owned()),
+                Err(status) => Err(format!("failed: {}", status.message())),
             },
-        });
+        };
+        if let Err(why) = &outcome {
+            session.progress.step(
+                &node.name,
+                &format!(
+                    "container {} of pod {} did not start: PreStartContainer {why}",
+                    container.name, pod.name
+                ),
+            );
+            container.start_error = Some(format!("PreStartContainer {why}"));
+        }
+        container.pre_start = Some(outcome.unwrap_or_else(|why| why));
     }
 }
 

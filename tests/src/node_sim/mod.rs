@@ -149,11 +149,17 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
         .iter()
         .map(|n| node_report(&session, n, &reports))
         .collect();
+    let held: Vec<_> = reports.iter().flat_map(PodReport::holds).collect();
+    let overlaps = crate::grants::overlaps(&held)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let report = Report {
         bus_policy: format!("{:?}", session.bus_policy),
         gpu_policy: format!("{policy:?}").to_lowercase(),
         nodes: node_reports,
         pods: reports,
+        overlaps,
         elapsed_ms: session.progress.elapsed_ms(),
     };
     Ok(Simulation {

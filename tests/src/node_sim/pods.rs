@@ -18,6 +18,10 @@ use super::{
 /// Shown in the report under the pod's name, when set.
 pub const DESCRIPTION_ANNOTATION: &str = "node-sim/description";
 
+/// `absent`: the simulated kubelet makes no cgroup for the pod, so the VRAM
+/// cap at PreStartContainer has nowhere to go (a fault to see reported).
+pub const POD_CGROUP_ANNOTATION: &str = "node-sim/pod-cgroup";
+
 /// One pod manifest.
 #[derive(Debug, Clone)]
 pub struct ExamplePod {

@@ -45,6 +45,15 @@ pub fn write_text(report: &Report, out: &mut dyn Write) -> io::Result<()> {
     for node in &report.nodes {
         write_occupancy(node, &report.pods, out)?;
     }
+    if !report.overlaps.is_empty() {
+        writeln!(
+            out,
+            "\n━━ CU OVERLAP: the plugin gave the same CUs to containers that run together"
+        )?;
+        for overlap in &report.overlaps {
+            writeln!(out, "  {overlap}")?;
+        }
+    }
     Ok(())
 }
 
@@ -238,8 +247,10 @@ fn write_container(
     if !c.cdi_devices.is_empty() {
         writeln!(out, "    {:<12} {}", "CDI", c.cdi_devices.join(", "))?;
     }
-    if let Some(p) = &c.pre_start {
-        writeln!(out, "    {:<12} {p}", "PreStart")?;
+    match (&c.start_error, &c.pre_start) {
+        (Some(err), _) => writeln!(out, "    NOT STARTED: {err}")?,
+        (None, Some(p)) => writeln!(out, "    {:<12} {p}", "PreStart")?,
+        (None, None) => {}
     }
     Ok(())
 }

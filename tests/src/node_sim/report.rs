@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::{node::SimNode, options::Mode, picture::DeviceOccupancy, pods::ExamplePod};
 use crate::{
+    grants::{Held, parse_id_list},
     hami_emulator::{Grant, request::ContainerRequest},
     kubelet::ContainerAllocateResponse,
 };
@@ -22,6 +23,9 @@ pub struct Report {
     pub gpu_policy: String,
     pub nodes: Vec<NodeReport>,
     pub pods: Vec<PodReport>,
+    /// Containers of admitted pods that hold the same CUs at the same time
+    /// (the plugin's first promise broken); empty when all is well.
+    pub overlaps: Vec<String>,
     /// Wall time from start to report.
     pub elapsed_ms: u64,
 }
@@ -108,6 +112,9 @@ pub struct ContainerReport {
     pub pre_start: Option<String>,
     /// Why Allocate failed.
     pub error: Option<String>,
+    /// Why the container could not start after Allocate (PreStartContainer
+    /// failed, or could not be called).
+    pub start_error: Option<String>,
 }
 
 /// The container's limits as HAMi read them.
@@ -180,6 +187,34 @@ impl PodReport {
     pub fn admitted(&self) -> bool {
         self.scheduled && self.containers.iter().all(|c| c.error.is_none())
     }
+
+    /// Admitted, and every container's start went through.
+    pub fn started(&self) -> bool {
+        self.admitted() && self.containers.iter().all(|c| c.start_error.is_none())
+    }
+
+    /// What each container of this admitted pod holds, per device (devices
+    /// named `<node>/<id>`); nothing for a pod that was not admitted.
+    pub fn holds(&self) -> Vec<Held> {
+        if !self.admitted() {
+            return Vec::new();
+        }
+        let pod = format!("{}/{}", self.namespace, self.name);
+        let mut held = Vec::new();
+        for c in &self.containers {
+            for gpu in &c.gpus {
+                held.push(Held {
+                    pod: pod.clone(),
+                    container: c.name.clone(),
+                    init: c.init,
+                    device: format!("{}/{}", self.node, gpu.id),
+                    // A mask the report cannot read counts as every CU.
+                    cus: gpu.cu_ranges.as_deref().and_then(|l| parse_id_list(l).ok()),
+                });
+            }
+        }
+        held
+    }
 }
 
 impl ContainerReport {
@@ -210,6 +245,7 @@ impl ContainerReport {
             cdi_devices: Vec::new(),
             pre_start: None,
             error: None,
+            start_error: None,
         }
     }
 
