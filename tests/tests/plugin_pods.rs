@@ -209,7 +209,7 @@ async fn forged_claims() {
     assert_eq!(
         mask(&w, g7, 1).await,
         "0:76-303",
-        "no forged claim blocks the rest of the GPU, the older claim is kept"
+        "no forged claim blocks the rest of the GPU, the overlap adds nothing"
     );
     let greedy = untrusted_event(&w.api, "greedy").await;
     assert!(
@@ -220,7 +220,7 @@ async fn forged_claims() {
     assert!(stranger.contains("did not grant"), "{stranger}");
     let overlapper = untrusted_event(&w.api, "overlapper").await;
     assert!(
-        overlapper.contains("older pod's claim wins"),
+        overlapper.contains("also claimed by another pod"),
         "{overlapper}"
     );
 

@@ -6,7 +6,7 @@
 use std::{future::Future, pin::Pin, sync::Arc};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::{Api, ResourceExt};
+use kube::{Api, ResourceExt, api::ListParams};
 use tracing::info;
 
 use super::{Allocator, pod};
@@ -15,20 +15,62 @@ use crate::{kube::CALL_TIMEOUT, vram::PodLookup};
 impl Allocator {
     /// Off the happy path: the cached view did not name a fitting pod (the
     /// watch lags behind HAMi's lock or the pod); read the node and the lock
-    /// owner once from the API server. A pod bound to another node is not
-    /// this node's to allocate, whatever the lock says.
+    /// owner once from the API server, or, when no pod holds the lock (HAMi
+    /// takes none for a pod whose AMD request is in init containers only),
+    /// list the node's pods once and apply the fallback rule. A pod bound to
+    /// another node is not this node's to allocate, whatever the lock says.
     pub(super) async fn lock_owner_from_api(&self, count: usize) -> Option<Arc<Pod>> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name))
             .await
             .ok()?
             .ok()?;
-        let (namespace, name) = pod::lock_owner(&node).ok().flatten()?;
+        let Some((namespace, name)) = pod::lock_owner(&node).ok()? else {
+            return self.binding_pod_from_api(count).await;
+        };
         let pod = self.read_pod(&namespace, &name).await.ok()?;
         info!(pod = %format!("{namespace}/{name}"), "the cache lagged behind the lock; read it");
         let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         (here == Some(self.caches.node_name.as_str()) && pod::next_entry_len(&pod) == Some(count))
             .then_some(pod)
+    }
+
+    /// The pod the fallback rule names among this node's pods as one LIST
+    /// from the API server returns them.
+    async fn binding_pod_from_api(&self, count: usize) -> Option<Arc<Pod>> {
+        let pods = self.list_node_pods().await?;
+        let pod = pod::find(None, &pods, &self.caches.node_name, count).ok()?;
+        let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        info!(pod = %who, "the cache lagged behind a pod bound without the lock; listed the node's pods");
+        Some(pod)
+    }
+
+    /// This node's pods as one LIST from the API server returns them now.
+    async fn list_node_pods(&self) -> Option<Vec<Arc<Pod>>> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let fields = format!("spec.nodeName={}", self.caches.node_name);
+        let params = ListParams::default().fields(&fields);
+        let listed = tokio::time::timeout(CALL_TIMEOUT, api.list(&params))
+            .await
+            .ok()?
+            .ok()?;
+        Some(listed.items.into_iter().map(Arc::new).collect())
+    }
+
+    /// The view Allocate plans on, from a fresh LIST instead of the cache,
+    /// when the cached view may be behind HAMi: pods gone or done since
+    /// still count there. Every write of ours came before the list (Allocates
+    /// are serialised), so the list holds them; our CU records still undo
+    /// users' edits.
+    pub(super) async fn listed_view(&self) -> Option<Vec<Arc<Pod>>> {
+        let listed = self.list_node_pods().await?;
+        info!(
+            pods = listed.len(),
+            "the cached view had no room for HAMi's grant; listed the node's pods"
+        );
+        let (pods, edited) = self.ours.with_records(listed);
+        self.report_distrust(edited);
+        Some(pods)
     }
 
     /// One GET of the pod from the API server.

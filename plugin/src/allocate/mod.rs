@@ -172,6 +172,7 @@ impl Allocator {
         ids: &[String],
     ) -> Result<ContainerAllocateResponse, AllocateError> {
         let serial = Arc::clone(&self.serial).lock_owned().await;
+        self.wait_for_pods_listed().await?;
         let node = self.caches.node();
         let mut pods = self.view();
         let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
@@ -214,6 +215,23 @@ impl Allocator {
         }
     }
 
+    /// Waits until the watch has listed this node's pods once (just after a
+    /// start): before that the cache holds none of the other pods' claims.
+    async fn wait_for_pods_listed(&self) -> Result<(), AllocateError> {
+        let ready = self.caches.pods.wait_until_ready();
+        match tokio::time::timeout(CALL_TIMEOUT, ready).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(AllocateError::new(
+                Reason::NoPod,
+                format!(
+                    "the watch of the pods on node {} has not listed them within \
+                     {CALL_TIMEOUT:?}: without every pod's CU claims no slice is handed out",
+                    self.caches.node_name
+                ),
+            )),
+        }
+    }
+
     /// The cached pods with those known ahead of the cache; edits of our
     /// records are reported.
     fn view(&self) -> Vec<Arc<Pod>> {
@@ -249,7 +267,16 @@ impl Allocator {
         pods: &[Arc<Pod>],
         count: usize,
     ) -> Result<(ContainerAllocateResponse, bool), AllocateError> {
-        let (answer, annotations, complete) = self.plan(pod, pods, count)?;
+        let planned = match self.plan(pod, pods, count) {
+            // The cached view may still count pods that are gone or done
+            // (the watch lags behind HAMi): plan once more on a fresh list.
+            Err(err) if err.reason == Reason::Slice => match self.listed_view().await {
+                Some(fresh) => self.plan(pod, &fresh, count),
+                None => Err(err),
+            },
+            planned => planned,
+        };
+        let (answer, annotations, complete) = planned?;
         let written = self
             .patch_pod(pod, annotations)
             .await
@@ -312,7 +339,14 @@ impl Allocator {
             .iter()
             .map(|g| (gpu_id(g), g.compute_units))
             .collect();
-        let occupancy = self.claims.rebuild(pods, &totals);
+        let recorded = self.ours.recorded_uids();
+        let ours = |p: &Pod| {
+            p.metadata
+                .uid
+                .as_ref()
+                .is_some_and(|u| recorded.contains(u))
+        };
+        let occupancy = self.claims.rebuild(pods, &totals, &ours);
         self.report_distrust(occupancy.distrusted);
         let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
         let mut slices = Vec::with_capacity(entry.len());
@@ -350,7 +384,7 @@ impl Allocator {
                 continue;
             }
             let note = format!(
-                "{CU_ALLOCATED_KEY} of {}/{} is not trusted and not counted: {}",
+                "{CU_ALLOCATED_KEY} of {}/{} is not trusted as written: {}",
                 d.namespace, d.name, d.reason
             );
             let regarding = Regarding::Pod {

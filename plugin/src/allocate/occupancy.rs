@@ -3,9 +3,14 @@
 //! pods, so a claim is trusted only within what HAMi granted the pod in
 //! `hami.io/amd-devices-allocated` (the scheduler's, never modified): a claim
 //! that does not parse, names a GPU the pod was not granted or this node does
-//! not have, claims more CUs than granted, runs past the GPU's CUs or overlaps
-//! an older claim is skipped (the older claim wins) and reported, and never
-//! blocks other pods.
+//! not have, claims more CUs than granted or runs past the GPU's CUs is
+//! skipped and reported, and never blocks other pods. A claim that overlaps
+//! another still counts, together with it, and is reported: the watch cache
+//! can hold pods that are gone, and dropping a live pod's claim because a
+//! stale one got there first would hand its CUs out again (a claim is bounded
+//! by its grant, so counting both never takes more than HAMi granted).
+//! Claims this process wrote itself are applied first, so that an overlap is
+//! reported on the other pod.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -117,7 +122,12 @@ struct Kept {
 pub struct Claims(std::sync::Mutex<Vec<Kept>>);
 
 impl Claims {
-    pub fn rebuild(&self, pods: &[Arc<Pod>], totals: &Totals) -> Occupancy {
+    pub fn rebuild(
+        &self,
+        pods: &[Arc<Pod>],
+        totals: &Totals,
+        ours: &dyn Fn(&Pod) -> bool,
+    ) -> Occupancy {
         let mut kept = self
             .0
             .lock()
@@ -142,18 +152,19 @@ impl Claims {
             let judged = Arc::clone(&entry.judged);
             kept.push(entry);
             if !judged.terminal && judged.value.is_some() {
-                ordered.push((judged.age.0, pod, judged));
+                ordered.push((!ours(pod), judged.age.0, pod, judged));
             }
         }
         kept.sort_unstable_by_key(|k| k.address);
-        // Older first; the name breaks ties (the time has whole seconds).
-        ordered.sort_by(|a, b| (a.0, &a.2.age.1).cmp(&(b.0, &b.2.age.1)));
+        // Ours first, then older first; the name breaks ties (the time has
+        // whole seconds).
+        ordered.sort_by(|a, b| (a.0, a.1, &a.3.age.1).cmp(&(b.0, b.1, &b.3.age.1)));
         let mut maps: Vec<(String, CuBitmap)> = totals
             .iter()
             .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
             .collect();
         let mut distrusted = Vec::new();
-        for (_, pod, judged) in ordered {
+        for (_, _, pod, judged) in ordered {
             let problems = apply(&judged.claims, &mut maps);
             if let (false, Some(value)) = (problems.is_empty(), &judged.value) {
                 distrusted.push(distrust(pod, value, problems.join("; ")));
@@ -253,20 +264,18 @@ fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]
             continue;
         };
         problems.extend(spare_problem.iter().cloned());
-        // All or nothing: on an overlap the ranges claimed so far (free
-        // before, so releasing them is exact) are given back.
-        let ranges = cus.ranges();
-        let mut claimed = 0;
-        let overlap = ranges.iter().find_map(|r| {
-            let result = map.claim(r.start..r.end.saturating_add(1));
-            claimed += usize::from(result.is_ok());
-            result.err()
-        });
-        if let Some(err) = overlap {
-            for r in &ranges[..claimed] {
-                let _ = map.release(r.start..r.end.saturating_add(1));
+        let mut shared = None;
+        for r in cus.ranges() {
+            match map.occupy(r.start..r.end.saturating_add(1)) {
+                Ok(first) => shared = shared.or(first),
+                Err(err) => problems.push(err.to_string()),
             }
-            problems.push(format!("{err} (an older pod's claim wins)"));
+        }
+        if let Some(cu) = shared {
+            problems.push(format!(
+                "CU {cu} of GPU {gpu} is also claimed by another pod (both claims count, so \
+                 neither pod's CUs are handed out again)"
+            ));
         }
     }
     problems
@@ -327,12 +336,19 @@ mod tests {
             r#"{"A":"70-79"}"#,
         );
         let garbage = pod("e", "2026-11-29T08:04:00Z", "A,T,1024,10:;", "not json");
-        let rebuilt =
-            Claims::default().rebuild(&[honest, greedy, stranger, overlap, garbage], &totals);
+        let rebuilt = Claims::default().rebuild(
+            &[honest, greedy, stranger, overlap, garbage],
+            &totals,
+            &|_| false,
+        );
         let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["b", "c", "d", "e"], "each forged claim is reported");
         let maps = rebuilt.maps;
-        assert_eq!(free(&maps), 304 - 76, "only the honest claim counts");
+        assert_eq!(
+            free(&maps),
+            304 - 80,
+            "the honest claim and the overlap's union"
+        );
         assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
     }
 
@@ -346,9 +362,9 @@ mod tests {
             "A,T,1024,76:;",
             r#"{"A":"0-75"}"#,
         );
-        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals);
+        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
         assert_eq!(free(&rebuilt.maps), 304 - 76);
-        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals);
+        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
         assert_eq!(free(&rebuilt.maps), 304 - 76, "kept, same answer");
         // Another version (a new object), even with the same resourceVersion
         // (the plugin's record puts values back that way), is judged again.
@@ -356,16 +372,16 @@ mod tests {
         edited
             .annotations_mut()
             .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-199"}"#.into());
-        let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals);
+        let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false);
         assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
         assert_eq!(free(&rebuilt.maps), 304);
         assert_eq!(claims.0.lock().unwrap().len(), 1, "one per cached pod");
-        claims.rebuild(&[], &totals);
+        claims.rebuild(&[], &totals, &|_| false);
         assert!(claims.0.lock().unwrap().is_empty(), "gone with the pod");
     }
 
     #[test]
-    fn a_claim_that_overlaps_in_its_second_range_claims_nothing() {
+    fn a_claim_that_overlaps_another_counts_with_it_and_is_reported() {
         let totals = one_gpu();
         let older = pod(
             "g",
@@ -379,12 +395,22 @@ mod tests {
             "A,T,1024,20:;",
             r#"{"A":"200-209,250-259"}"#,
         );
-        let rebuilt = Claims::default().rebuild(&[newer, older], &totals);
+        let pods = [Arc::clone(&newer), Arc::clone(&older)];
+        let rebuilt = Claims::default().rebuild(&pods, &totals, &|_| false);
         assert_eq!(rebuilt.distrusted.len(), 1);
-        assert_eq!(rebuilt.distrusted[0].name, "f");
+        assert_eq!(
+            rebuilt.distrusted[0].name, "f",
+            "the newer claim is reported"
+        );
         let map = &rebuilt.maps["A"];
-        assert!(map.is_free(200) && map.is_free(209), "rolled back");
-        assert_eq!(map.free_count(), 304 - 6);
+        assert!(!map.is_free(200) && !map.is_free(259), "both claims count");
+        assert_eq!(map.free_count(), 304 - 20);
+        // A stale pod (gone from the API, still cached) overlapping a claim of
+        // ours: ours comes first, the other is the one reported.
+        let ours = |p: &Pod| p.metadata.name.as_deref() == Some("f");
+        let rebuilt = Claims::default().rebuild(&pods, &totals, &ours);
+        assert_eq!(rebuilt.distrusted[0].name, "g");
+        assert_eq!(rebuilt.maps["A"].free_count(), 304 - 20);
     }
 
     #[test]
@@ -399,7 +425,7 @@ mod tests {
         let mut finished = (*done).clone();
         finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
         let maps = Claims::default()
-            .rebuild(&[Arc::new(finished)], &totals)
+            .rebuild(&[Arc::new(finished)], &totals, &|_| false)
             .maps;
         assert_eq!(free(&maps), 304);
     }

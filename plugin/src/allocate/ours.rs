@@ -116,6 +116,11 @@ impl Ours {
         lock(&self.record).values.insert(uid, values);
     }
 
+    /// The uids of the pods whose CU record this process wrote.
+    pub fn recorded_uids(&self) -> HashSet<String> {
+        lock(&self.record).values.keys().cloned().collect()
+    }
+
     /// The pod `namespace/name` (of `uid`, when given) as known ahead of the
     /// cache, if it is.
     pub fn ahead_of_cache(
@@ -132,6 +137,19 @@ impl Ours {
                     && a.pod.name_any() == name
             })
             .map(|(_, a)| Arc::clone(&a.pod))
+    }
+
+    /// `pods` (read from the API server, fresher than anything we know)
+    /// with our recorded values put back where they were edited, as in
+    /// [`Self::view`]; nothing known ahead of the cache is laid over them.
+    pub fn with_records(&self, pods: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
+        let record = lock(&self.record);
+        let mut edited = Vec::new();
+        let pods = pods
+            .iter()
+            .map(|p| restored(p, &record.values, &mut edited))
+            .collect();
+        (pods, edited)
     }
 
     /// `cached` (read after `mark` was taken) with the pods we know ahead of

@@ -86,6 +86,18 @@ impl CuBitmap {
         Ok(())
     }
 
+    /// Marks every CU of `range` claimed, whether or not some already are;
+    /// returns the first CU that already was.
+    ///
+    /// # Errors
+    /// [`CuError::OutOfRange`] past `total` (then nothing changes).
+    pub fn occupy(&mut self, range: Range<u32>) -> Result<Option<u32>, CuError> {
+        self.check_range(&range)?;
+        let first = range.clone().find(|&cu| self.bit(cu));
+        range.for_each(|cu| self.set_bit(cu, true));
+        Ok(first)
+    }
+
     /// Marks every CU of `range` free. All-or-nothing: on error nothing changes.
     ///
     /// # Errors

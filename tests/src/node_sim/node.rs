@@ -92,7 +92,7 @@ impl SimNode {
         };
         let built = fixture::build(&spec, &root, &options).map_err(fixture_error)?;
         write_dmem_cgroups(&spec, &root, CgroupDriver::Systemd).map_err(fixture_error)?;
-        let hook = install_hook(&root).map_err(fixture_error)?;
+        install_hook(&root).map_err(fixture_error)?;
         let library = match (abi, built.amdsmi_fixture) {
             (Some(abi), Some(json)) => fake_library(session, &name, abi, json).await,
             _ => None,
@@ -119,7 +119,7 @@ impl SimNode {
         let kubelet = FakeKubelet::start()
             .await
             .map_err(SimError::start("the fake kubelet"))?;
-        let plugin = start_plugin(session, &bus, &kubelet, &dir, &name, &hook, mode)?;
+        let plugin = start_plugin(session, &bus, &kubelet, &dir, &name, mode)?;
         let mut node = Self {
             hami: HamiEmulator { node: name.clone() },
             name,
@@ -141,6 +141,40 @@ impl SimNode {
             &format!("plugin registered: {devices} kubelet devices, {REGISTER_KEY} published"),
         );
         Ok(node)
+    }
+
+    /// Kills the plugin and starts a new one (amd-gpud, kubelet and the API
+    /// server keep running); returns once kubelet accepted its registration
+    /// and has the new plugin's list of as many healthy devices as before.
+    ///
+    /// # Errors
+    /// When the new plugin cannot start, exits, or does not register in time.
+    pub async fn restart_plugin(&mut self, session: &Session) -> Result<(), SimError> {
+        self.plugin.kill();
+        let registered = self.kubelet.registrations().len();
+        let updates = self.kubelet.list_and_watch_updates();
+        let devices = self.kubelet.devices().len();
+        let (bus, dir) = (&self.bus, &self.dir);
+        self.plugin = start_plugin(session, bus, &self.kubelet, dir, &self.name, self.mode)?;
+        let log = self.dir.join("plugin.log");
+        self.kubelet
+            .wait_registrations(registered + 1, STEP_TIMEOUT)
+            .await
+            .map_err(|_| timeout("the restarted plugin's registration", &log))?;
+        let start = Instant::now();
+        loop {
+            let listed = self.kubelet.devices();
+            let healthy = listed.iter().all(|d| d.health == "Healthy");
+            let newer = self.kubelet.list_and_watch_updates() > updates;
+            if newer && listed.len() == devices && healthy {
+                return Ok(());
+            }
+            exited("the plugin", &mut self.plugin, &log)?;
+            if start.elapsed() > STEP_TIMEOUT {
+                return Err(timeout("the restarted plugin's device list", &log));
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Waits until kubelet lists the plugin's devices and the node carries a
@@ -204,14 +238,18 @@ pub fn register(session: &Session, node: &str) -> Option<Value> {
 
 /// The memory hook's directory on the fake host; the plugin refuses CU
 /// slices without the library, and a placeholder is enough for it.
-fn install_hook(root: &Path) -> io::Result<PathBuf> {
-    let dir = root.join("usr/local/vgpu");
+fn install_hook(root: &Path) -> io::Result<()> {
+    let dir = hook_dir(root);
     fs::create_dir_all(&dir)?;
     fs::write(
         dir.join("libamvgpu.so"),
         b"placeholder for the HAMi memory hook\n",
-    )?;
-    Ok(dir)
+    )
+}
+
+/// Where the memory hook is on the fake host root `root`.
+fn hook_dir(root: &Path) -> PathBuf {
+    root.join("usr/local/vgpu")
 }
 
 /// The fake `libamd_smi.so` for `abi` (built by cargo on first use) and its
@@ -289,16 +327,21 @@ async fn start_gpud(
     Ok(gpud)
 }
 
+/// Starts the plugin, its log appended to `dir/plugin.log`.
 fn start_plugin(
     session: &Session,
     bus: &PrivateBus,
     kubelet: &FakeKubelet,
     dir: &Path,
     node: &str,
-    hook: &Path,
     mode: Mode,
 ) -> Result<Process, SimError> {
-    let log = File::create(dir.join("plugin.log")).map_err(SimError::start("the plugin's log"))?;
+    let hook = hook_dir(&dir.join("root"));
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("plugin.log"))
+        .map_err(SimError::start("the plugin's log"))?;
     let args: Vec<OsString> = vec![
         "plugin".into(),
         "--bus-address".into(),
