@@ -7,7 +7,7 @@ use std::{future::Future, pin::Pin, sync::Arc};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, ResourceExt, api::ListParams};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{Allocator, pod};
 use crate::{kube::CALL_TIMEOUT, vram::PodLookup};
@@ -55,6 +55,20 @@ impl Allocator {
             .ok()?
             .ok()?;
         Some(listed.items.into_iter().map(Arc::new).collect())
+    }
+
+    /// Lists the node's pods to forget those known ahead of the cache that
+    /// are gone (the watch has not delivered anything for a long while).
+    pub(super) async fn forget_gone_pods(&self) {
+        let listed_after = std::time::Instant::now();
+        if let Some(listed) = self.list_node_pods().await {
+            self.ours.forget_gone(&listed, listed_after);
+            let left = self.ours.ahead_len();
+            warn!(
+                left,
+                "many pods known ahead of a watch that does not deliver; listed the node's pods"
+            );
+        }
     }
 
     /// The view Allocate plans on, from a fresh LIST instead of the cache,
@@ -126,5 +140,67 @@ impl PodLookup for Allocator {
         uid: Option<&'a str>,
     ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
         Box::pin(self.find_pod(namespace, name, uid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Node;
+    use kube::runtime::{reflector, watcher};
+    use serde_json::json;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::{allocate::AllocateConfig, gpud_client::Snapshot, kube::Caches, vram::Owners};
+
+    fn pod(name: &str, uid: &str, rv: &str) -> Pod {
+        serde_json::from_value(json!({"metadata": {
+            "name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv}}))
+        .unwrap()
+    }
+
+    /// An Allocator whose cache holds `cached` and whose API server does
+    /// not answer (nothing listens on the port).
+    fn allocator(cached: Vec<Pod>) -> Allocator {
+        let (pods, mut writer) = reflector::store::<Pod>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for p in cached {
+            writer.apply_watcher_event(&watcher::Event::InitApply(p));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let (nodes, _) = reflector::store::<Node>();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let uri = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(uri)).unwrap();
+        let config = AllocateConfig {
+            dev_dir: "/dev".into(),
+            hook_dir: "/nonexistent".into(),
+            resource_name: "amd.com/gpu".into(),
+            cdi: false,
+        };
+        let (_, snapshots) = watch::channel(Snapshot::default());
+        let caches = Caches::from_stores("n", nodes, pods);
+        let owners = Arc::new(Owners::new(None, "amd.com/gpu"));
+        Allocator::new(client, caches, snapshots, config, owners)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn prestart_finds_a_pod_ahead_of_the_cache_then_in_it_then_asks_the_api() {
+        let a = allocator(vec![pod("cached", "u-c", "3")]);
+        a.ours.learned(Arc::new(pod("written", "u-w", "9")));
+        let within = |f| tokio::time::timeout(Duration::from_secs(20), f);
+        let found = within(a.find("ns", "written", Some("u-w"))).await.unwrap();
+        assert_eq!(found.unwrap().resource_version().as_deref(), Some("9"));
+        let found = within(a.find("ns", "cached", None)).await.unwrap();
+        assert_eq!(found.unwrap().uid().as_deref(), Some("u-c"));
+        // Another uid under a cached name: only the API server could tell.
+        let err = within(a.find("ns", "cached", Some("u-other"))).await.unwrap();
+        assert!(err.unwrap_err().contains("API server"));
     }
 }

@@ -173,6 +173,9 @@ impl Allocator {
     ) -> Result<ContainerAllocateResponse, AllocateError> {
         let serial = Arc::clone(&self.serial).lock_owned().await;
         self.wait_for_pods_listed().await?;
+        if self.ours.ahead_len() > ours::AHEAD_LIMIT {
+            self.forget_gone_pods().await;
+        }
         let node = self.caches.node();
         let mut pods = self.view();
         let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {

@@ -32,6 +32,11 @@ use crate::{hami::CU_ALLOCATED_KEY, kube::CacheMark};
 /// The annotations of ours that a user's edit must not change.
 const RECORDED: [&str; 2] = [CU_ALLOCATED_KEY, CU_SPARE_KEY];
 
+/// Past this many pods known ahead of the cache (a watch that stopped
+/// delivering while pods come and go), Allocate lists the node's pods to
+/// forget those that are gone; what is left is at most the live pods.
+pub const AHEAD_LIMIT: usize = 512;
+
 fn resource_version(pod: &Pod) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
 }
@@ -107,6 +112,23 @@ impl Ours {
         }
         let known_at = Instant::now();
         ahead.insert(uid, Ahead { known_at, pod });
+    }
+
+    /// How many pods are known ahead of the cache.
+    pub fn ahead_len(&self) -> usize {
+        lock(&self.ahead).len()
+    }
+
+    /// Forgets the pods known ahead of the cache that `listed` (a LIST sent
+    /// after `listed_after`) does not hold and that were known before it:
+    /// they are gone.
+    pub fn forget_gone(&self, listed: &[Arc<Pod>], listed_after: Instant) {
+        let live: HashSet<&str> = listed
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        lock(&self.ahead)
+            .retain(|uid, a| live.contains(uid.as_str()) || a.known_at >= listed_after);
     }
 
     /// Remembers `written`'s CU annotations as ours (after an allocation).
@@ -387,6 +409,30 @@ mod tests {
         };
         assert!(ours.view(listed_after, Vec::new()).0.is_empty());
         assert!(lock(&ours.ahead).is_empty());
+    }
+
+    #[test]
+    fn a_list_forgets_only_the_pods_it_proves_gone() {
+        let ours = Ours::default();
+        ours.learned(Arc::new(named("a", "u-a", "7", None)));
+        ours.learned(Arc::new(named("b", "u-b", "8", None)));
+        let listed_after = Instant::now();
+        ours.learned(Arc::new(named("c", "u-c", "9", None)));
+        ours.forget_gone(&[Arc::new(named("b", "u-b", "8", None))], listed_after);
+        let left: HashSet<String> = lock(&ours.ahead).keys().cloned().collect();
+        let want: HashSet<String> = ["u-b".to_owned(), "u-c".to_owned()].into();
+        assert_eq!(left, want, "a is gone; c was known after the list was sent");
+        assert_eq!(ours.ahead_len(), 2);
+    }
+
+    #[test]
+    fn records_are_put_back_on_a_listed_view() {
+        let ours = Ours::default();
+        ours.recorded(&pod("7", Some(r#"{"A":"0-9"}"#)));
+        let (pods, edited) = ours.with_records(vec![Arc::new(pod("9", Some(r#"{"A":"0-99"}"#)))]);
+        assert_eq!(pods[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
+        assert_eq!(edited.len(), 1);
+        assert_eq!(ours.recorded_uids(), HashSet::from(["u-1".to_owned()]));
     }
 
     #[test]
