@@ -51,20 +51,9 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
-fn have_dbus() -> bool {
-    let found = std::process::Command::new("dbus-daemon")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if !found {
-        eprintln!("skipping: dbus-daemon is not installed");
-    }
-    found
-}
-
 #[test]
 fn no_cu_is_granted_twice_and_every_start_succeeds_under_watch_lag() {
-    if !have_dbus() {
+    if !common::have_dbus() {
         return;
     }
     let decisions = env_u64("GRANTS_DECISIONS").unwrap_or(10_000);

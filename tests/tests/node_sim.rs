@@ -30,15 +30,26 @@ fn node_sim(args: &[&str]) -> (i32, String, String) {
     common::run_with_timeout(cmd, LIMIT)
 }
 
-fn have_dbus() -> bool {
-    let found = Command::new("dbus-daemon")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if !found {
-        eprintln!("skipping: dbus-daemon is not installed");
-    }
-    found
+use common::have_dbus;
+
+/// node-sim `--json` on the RX 9070 XT node with `yaml` as the pods (and
+/// `extra` arguments): exit code, report, stderr.
+fn rdna_pods(yaml: &str, extra: &[&str]) -> (i32, Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = dir.path().join("pods.yaml");
+    std::fs::write(&pods, yaml).unwrap();
+    let mut args = vec![
+        "--json",
+        "--node",
+        "rx9070xt",
+        "--pods",
+        pods.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = node_sim(&args);
+    let report = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}), exit {code}:\n{stderr}"));
+    (code, report, stderr)
 }
 
 fn pod_named<'a>(report: &'a Value, name: &str) -> &'a Value {
@@ -321,8 +332,6 @@ fn back_to_back_pods_get_disjoint_cus_and_start() {
     if !have_dbus() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let pods = dir.path().join("two.yaml");
     let pod = |name: &str, cores: u32| {
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers:\n  \
@@ -330,21 +339,9 @@ fn back_to_back_pods_get_disjoint_cus_and_start() {
              amd.com/gpucores: {cores}, amd.com/gpumem: 1024}}}}\n"
         )
     };
-    std::fs::write(
-        &pods,
-        format!("{}---\n{}", pod("first", 25), pod("second", 40)),
-    )
-    .unwrap();
-    let args = [
-        "--json",
-        "--node",
-        "rx9070xt",
-        "--pods",
-        pods.to_str().unwrap(),
-    ];
-    let (code, stdout, stderr) = node_sim(&args);
+    let yaml = format!("{}---\n{}", pod("first", 25), pod("second", 40));
+    let (code, report, stderr) = rdna_pods(&yaml, &[]);
     assert_eq!(code, 0, "node-sim failed:\n{stderr}");
-    let report: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["overlaps"], serde_json::json!([]));
     let mut masks = Vec::new();
     for name in ["first", "second"] {
@@ -373,27 +370,11 @@ fn a_failed_pre_start_is_reported_and_exits_2() {
     if !have_dbus() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let pods = dir.path().join("no-cgroup.yaml");
-    std::fs::write(
-        &pods,
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: no-cgroup\n  annotations: \
-         {node-sim/pod-cgroup: absent}\nspec:\n  containers:\n  - name: c\n    image: x\n    \
-         resources: {limits: {amd.com/gpu: 1, amd.com/gpucores: 25, amd.com/gpumem: 1024}}\n",
-    )
-    .unwrap();
-    let args = [
-        "--json",
-        "--node",
-        "rx9070xt",
-        "--amdsmi",
-        "none",
-        "--pods",
-        pods.to_str().unwrap(),
-    ];
-    let (code, stdout, stderr) = node_sim(&args);
+    let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: no-cgroup\n  annotations: \
+                {node-sim/pod-cgroup: absent}\nspec:\n  containers:\n  - name: c\n    image: x\n    \
+                resources: {limits: {amd.com/gpu: 1, amd.com/gpucores: 25, amd.com/gpumem: 1024}}\n";
+    let (code, report, stderr) = rdna_pods(yaml, &["--amdsmi", "none"]);
     assert_eq!(code, 2, "node-sim:\n{stderr}");
-    let report: Value = serde_json::from_str(&stdout).unwrap();
     let c = &containers(pod_named(&report, "no-cgroup"))[0];
     assert!(c["error"].is_null(), "Allocate itself worked: {c}");
     let why = c["start_error"].as_str().unwrap();

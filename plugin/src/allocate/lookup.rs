@@ -10,7 +10,10 @@ use kube::{Api, ResourceExt, api::ListParams};
 use tracing::{info, warn};
 
 use super::{Allocator, pod};
-use crate::{kube::CALL_TIMEOUT, vram::PodLookup};
+use crate::{
+    kube::CALL_TIMEOUT,
+    vram::{PodLookup, is_pod},
+};
 
 impl Allocator {
     /// Off the happy path: the cached view did not name a fitting pod (the
@@ -110,11 +113,7 @@ impl Allocator {
         if let Some(pod) = self.ours.ahead_of_cache(namespace, name, uid) {
             return Ok(pod);
         }
-        let matches = |p: &Pod| {
-            p.namespace().as_deref() == Some(namespace)
-                && p.name_any() == name
-                && uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
-        };
+        let matches = |p: &Pod| is_pod(p, namespace, name, uid);
         if let Some(pod) = self.caches.pods.state().into_iter().find(|p| matches(p)) {
             return Ok(pod);
         }
@@ -200,7 +199,9 @@ mod tests {
         let found = within(a.find("ns", "cached", None)).await.unwrap();
         assert_eq!(found.unwrap().uid().as_deref(), Some("u-c"));
         // Another uid under a cached name: only the API server could tell.
-        let err = within(a.find("ns", "cached", Some("u-other"))).await.unwrap();
+        let err = within(a.find("ns", "cached", Some("u-other")))
+            .await
+            .unwrap();
         assert!(err.unwrap_err().contains("API server"));
     }
 }

@@ -153,11 +153,7 @@ impl Ours {
     ) -> Option<Arc<Pod>> {
         lock(&self.ahead)
             .iter()
-            .find(|(u, a)| {
-                uid.is_none_or(|want| want == u.as_str())
-                    && a.pod.namespace().as_deref() == Some(namespace)
-                    && a.pod.name_any() == name
-            })
+            .find(|(_, a)| crate::vram::is_pod(&a.pod, namespace, name, uid))
             .map(|(_, a)| Arc::clone(&a.pod))
     }
 

@@ -69,6 +69,13 @@ pub trait PodLookup: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>>;
 }
 
+/// Whether `pod` is `namespace/name` (of `uid`, when given).
+pub fn is_pod(pod: &Pod, namespace: &str, name: &str, uid: Option<&str>) -> bool {
+    pod.namespace().as_deref() == Some(namespace)
+        && pod.name_any() == name
+        && uid.is_none_or(|u| pod.metadata.uid.as_deref() == Some(u))
+}
+
 /// The PreStartContainer side of VRAM caps.
 #[derive(Clone)]
 pub struct VramCaps {

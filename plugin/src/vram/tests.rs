@@ -85,11 +85,7 @@ impl PodLookup for Known {
         name: &'a str,
         uid: Option<&'a str>,
     ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
-        let found = self.pods.iter().find(|p| {
-            p.namespace().as_deref() == Some(namespace)
-                && p.name_any() == name
-                && uid.is_none_or(|u| p.metadata.uid.as_deref() == Some(u))
-        });
+        let found = self.pods.iter().find(|p| is_pod(p, namespace, name, uid));
         let answer = found.cloned().ok_or_else(|| "no such pod".to_owned());
         Box::pin(async move { answer })
     }

@@ -161,6 +161,18 @@ pub fn inspect_cli_json(root: &Path) -> Value {
         .unwrap_or_else(|e| panic!("inspect printed no JSON ({e}): {stdout}"))
 }
 
+/// Whether `dbus-daemon` is installed (the stack's private bus); says so when not.
+pub fn have_dbus() -> bool {
+    let found = std::process::Command::new("dbus-daemon")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !found {
+        eprintln!("skipping: dbus-daemon is not installed");
+    }
+    found
+}
+
 /// Whether the bus tests can run here (root, for the shipped policy and
 /// setpriv); makes sure the plugin's system user exists. Prints why not.
 pub fn can_run_bus_tests() -> bool {
