@@ -342,14 +342,9 @@ impl Allocator {
             .iter()
             .map(|g| (gpu_id(g), g.compute_units))
             .collect();
-        let recorded = self.ours.recorded_uids();
-        let ours = |p: &Pod| {
-            p.metadata
-                .uid
-                .as_ref()
-                .is_some_and(|u| recorded.contains(u))
-        };
-        let occupancy = self.claims.rebuild(pods, &totals, &ours);
+        let occupancy = self
+            .ours
+            .with_recorded(|ours| self.claims.rebuild(pods, &totals, ours));
         self.report_distrust(occupancy.distrusted);
         let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
         let mut slices = Vec::with_capacity(entry.len());

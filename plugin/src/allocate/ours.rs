@@ -138,9 +138,16 @@ impl Ours {
         lock(&self.record).values.insert(uid, values);
     }
 
-    /// The uids of the pods whose CU record this process wrote.
-    pub fn recorded_uids(&self) -> HashSet<String> {
-        lock(&self.record).values.keys().cloned().collect()
+    /// Runs `f` with a test of whether this process wrote a pod's CU record.
+    pub fn with_recorded<R>(&self, f: impl FnOnce(&dyn Fn(&Pod) -> bool) -> R) -> R {
+        let record = lock(&self.record);
+        let recorded = |p: &Pod| {
+            p.metadata
+                .uid
+                .as_ref()
+                .is_some_and(|u| record.values.contains_key(u))
+        };
+        f(&recorded)
     }
 
     /// The pod `namespace/name` (of `uid`, when given) as known ahead of the
@@ -428,7 +435,9 @@ mod tests {
         let (pods, edited) = ours.with_records(vec![Arc::new(pod("9", Some(r#"{"A":"0-99"}"#)))]);
         assert_eq!(pods[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
         assert_eq!(edited.len(), 1);
-        assert_eq!(ours.recorded_uids(), HashSet::from(["u-1".to_owned()]));
+        assert!(ours.with_recorded(|is_ours| is_ours(&pod("1", None))));
+        let other = named("q", "u-2", "1", None);
+        assert!(!ours.with_recorded(|is_ours| is_ours(&other)));
     }
 
     #[test]
