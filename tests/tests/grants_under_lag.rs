@@ -23,6 +23,8 @@
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
 mod common;
+#[path = "grants_under_lag/pods.rs"]
+mod pods;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -30,12 +32,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tests::{
     apiserver::{Kind, WatchDelay},
     fixture::cgroup::{CgroupDriver, QosClass, add_pod},
     grants::{Held, overlap_with, parse_id_list},
-    hami_emulator::{Grant, request::GpuPolicy},
+    hami_emulator::{
+        Grant,
+        request::{ContainerRequest, GpuPolicy},
+    },
     kubelet::ContainerAllocateResponse,
     node_sim::{Session, node::SimNode, options::Mode},
     rng::Rng,
@@ -259,7 +264,12 @@ impl<'a> Driver<'a> {
     async fn admit_one(&mut self, round: usize) {
         self.serial += 1;
         let name = format!("{}-{}", self.node.name, self.serial);
-        let manifest = self.random_pod(&name);
+        let kind = pods::NodeKind {
+            partition: self.node.mode == Mode::Partition,
+            rdna: self.node.fixture.starts_with("rx"),
+            unsliceable: &self.unsliceable,
+        };
+        let manifest = pods::random_pod(&mut self.rng, &name, &kind);
         let now = unix_now();
         let placement =
             match self
@@ -282,44 +292,46 @@ impl<'a> Driver<'a> {
         };
         let mut allocated = Vec::new();
         for (request, grants) in placement.requests.iter().zip(&placement.grants) {
-            let ids = self.choose_ids(grants.len()).await;
-            let answer = self
-                .node
-                .kubelet
-                .allocate(ids.clone())
-                .await
-                .unwrap_or_else(|status| {
-                    panic!(
-                        "Allocate of {name}/{} failed: {}\n{}",
-                        request.container,
-                        status.message(),
-                        self.context(round)
-                    )
-                });
-            self.stats.allocates += 1;
-            self.node.used.extend(ids.iter().cloned());
-            let held = self.holds(
-                &name,
-                &request.container,
-                request.init,
-                grants,
-                &answer,
-                round,
-            );
-            for h in &held {
-                let others = self.live.iter().flat_map(|p| &p.held).chain(&pod.held);
-                let others: Vec<Held> = others.cloned().collect();
-                if let Some(overlap) = overlap_with(h, &others) {
-                    panic!("CU granted twice: {overlap}\n{}", self.context(round));
-                }
-            }
-            pod.held.extend(held);
-            pod.ids.extend(ids.iter().cloned());
-            allocated.push(ids);
+            allocated.push(self.allocate(&mut pod, request, grants, round).await);
         }
         self.start(&name, &allocated, round).await;
         self.live.push(pod);
         self.wait_unlocked(&name, round).await;
+    }
+
+    /// Kubelet's Allocate for one container of `pod`, which must succeed and
+    /// give CUs no live container holds; the ids it used.
+    async fn allocate(
+        &mut self,
+        pod: &mut LivePod,
+        request: &ContainerRequest,
+        grants: &[Grant],
+        round: usize,
+    ) -> Vec<String> {
+        let ids = self.choose_ids(grants.len()).await;
+        let answer = self.node.kubelet.allocate(ids.clone()).await;
+        let answer = answer.unwrap_or_else(|status| {
+            let (name, container) = (&pod.name, &request.container);
+            let why = status.message();
+            panic!(
+                "Allocate of {name}/{container} failed: {why}\n{}",
+                self.context(round)
+            )
+        });
+        self.stats.allocates += 1;
+        self.node.used.extend(ids.iter().cloned());
+        let holder = (pod.name.as_str(), request.container.as_str(), request.init);
+        let held = self.holds(holder, grants, &answer, round);
+        for h in &held {
+            let others = self.live.iter().flat_map(|p| &p.held).chain(&pod.held);
+            let others: Vec<Held> = others.cloned().collect();
+            if let Some(overlap) = overlap_with(h, &others) {
+                panic!("CU granted twice: {overlap}\n{}", self.context(round));
+            }
+        }
+        pod.held.extend(held);
+        pod.ids.extend(ids.iter().cloned());
+        ids
     }
 
     /// Kubelet's device ids for a container of `n` devices: the plugin's
@@ -359,9 +371,7 @@ impl<'a> Driver<'a> {
     /// each HAMi id must always come with the same render node.
     fn holds(
         &mut self,
-        pod: &str,
-        container: &str,
-        init: bool,
+        (pod, container, init): (&str, &str, bool),
         grants: &[Grant],
         answer: &ContainerAllocateResponse,
         round: usize,
@@ -465,61 +475,6 @@ impl<'a> Driver<'a> {
             );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-    }
-
-    /// A random pod for this node's kind.
-    fn random_pod(&mut self, name: &str) -> Value {
-        let partition = self.node.mode == Mode::Partition;
-        let rdna = self.node.fixture.starts_with("rx");
-        let cores: &[u32] = if rdna {
-            &[10, 20, 25, 40, 50, 100]
-        } else {
-            &[5, 10, 20, 25, 33, 50, 100]
-        };
-        let amd = |rng: &mut Rng| -> Value {
-            let gpus = if rdna || !rng.chance(25) { 1 } else { 2 };
-            if partition {
-                return json!({"amd.com/gpu": gpus.to_string()});
-            }
-            let mem_max = if rdna { 16 } else { 64 };
-            let mem = 256 * (1 + rng.below(mem_max));
-            let core = *rng.pick(cores).unwrap();
-            json!({"amd.com/gpu": gpus.to_string(), "amd.com/gpucores": core.to_string(),
-                   "amd.com/gpumem": mem.to_string()})
-        };
-        let container = |cname: &str, limits: Option<Value>| match limits {
-            Some(l) => json!({"name": cname, "image": "rocm", "resources": {"limits": l}}),
-            None => json!({"name": cname, "image": "busybox"}),
-        };
-        let rng = &mut self.rng;
-        let shape = rng.below(100);
-        let (init, app): (Vec<Value>, Vec<Value>) = match shape {
-            // Init-only: HAMi takes no lock, the plugin finds the pod by the fallback rule.
-            0..5 => (
-                vec![container("init", Some(amd(rng)))],
-                vec![container("main", None)],
-            ),
-            5..20 => (
-                vec![container("init", Some(amd(rng)))],
-                vec![container("main", Some(amd(rng)))],
-            ),
-            20..35 => (
-                Vec::new(),
-                vec![
-                    container("a", Some(amd(rng))),
-                    container("b", Some(amd(rng))),
-                ],
-            ),
-            _ => (Vec::new(), vec![container("main", Some(amd(rng)))]),
-        };
-        let policy = if rng.chance(50) { "binpack" } else { "spread" };
-        let mut annotations = json!({"hami.io/gpu-scheduler-policy": policy});
-        if !self.unsliceable.is_empty() {
-            annotations["amd.com/nouse-gpu-uuid"] = json!(self.unsliceable.join(","));
-        }
-        json!({"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-               "spec": {"initContainers": init, "containers": app}})
     }
 }
 

@@ -11,6 +11,7 @@ mod ours;
 mod pod;
 mod response;
 mod reuse;
+mod write_back;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -35,10 +36,7 @@ use crate::{
     cu::CuBitmap,
     devices::gpu_id,
     gpud_client::Snapshot,
-    hami::{
-        CU_ALLOCATED_KEY, ContainerDevice, CuAllocated, CuList, DevicesAnnotation, TO_ALLOCATE_KEY,
-        has_pending, parse_cu_allocated, parse_pod_devices, pop_next,
-    },
+    hami::{CU_ALLOCATED_KEY, ContainerDevice, TO_ALLOCATE_KEY, pop_next},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
     vram::{Owners, owners::PodRef},
 };
@@ -321,7 +319,7 @@ impl Allocator {
         let slices = self.slices(&entry, pods, &mut reuse)?;
         let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
         let (mut annotations, complete) =
-            write_back(pod, &slices, rest).because(Reason::Annotation)?;
+            write_back::write_back(pod, &slices, rest).because(Reason::Annotation)?;
         if let Some(spare) = reuse.annotation().because(Reason::Annotation)? {
             annotations[CU_SPARE_KEY] = Value::String(spare);
         }
@@ -420,85 +418,5 @@ impl Allocator {
         if release {
             lock::release(&self.client, &self.caches, pod).await;
         }
-    }
-}
-
-/// The pod annotations to write after one container: the entry erased, the
-/// pod's CU record (one per pod: a second container on the same GPU adds to
-/// it), and `bind-phase: success` when nothing is left to allocate. Returns
-/// whether the pod is complete.
-fn write_back(
-    pod: &Pod,
-    slices: &[response::Slice],
-    rest: String,
-) -> Result<(Value, bool), String> {
-    let mut claims = pod
-        .annotations()
-        .get(CU_ALLOCATED_KEY)
-        .and_then(|v| parse_cu_allocated(v).ok())
-        .unwrap_or_else(|| CuAllocated(Default::default()));
-    for s in slices {
-        if let Some(ranges) = s.cus() {
-            let earlier: Vec<u32> = claims
-                .0
-                .get(&s.id)
-                .map(|l| l.iter().collect())
-                .unwrap_or_default();
-            let all = earlier
-                .into_iter()
-                .chain(ranges.iter().flat_map(Clone::clone));
-            claims.0.insert(s.id.clone(), CuList::from_indices(all));
-        }
-    }
-    let remaining =
-        parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?;
-    let complete = !other_vendor_pending(pod) && !has_pending(&remaining);
-    let mut annotations = json!({ TO_ALLOCATE_KEY: rest });
-    if !claims.0.is_empty() {
-        annotations[CU_ALLOCATED_KEY] = Value::String(claims.encode().map_err(|e| e.to_string())?);
-    }
-    if complete {
-        annotations[pod::BIND_PHASE_KEY] = Value::String("success".to_owned());
-    }
-    Ok((annotations, complete))
-}
-
-/// Whether another vendor's HAMi to-allocate annotation on `pod` still holds
-/// a device entry (then the pod is not complete yet).
-fn other_vendor_pending(pod: &Pod) -> bool {
-    pod.annotations().iter().any(|(key, value)| {
-        key != TO_ALLOCATE_KEY
-            && key.starts_with("hami.io/")
-            && key.ends_with("-devices-to-allocate")
-            && value.contains(',')
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pod(annotations: Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "p", "annotations": annotations}}))
-            .unwrap()
-    }
-
-    #[test]
-    fn another_vendors_entry_keeps_the_pod_incomplete() {
-        let nvidia = pod(json!({"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1024,10:;"}));
-        assert!(other_vendor_pending(&nvidia));
-        let done = pod(json!({"hami.io/vgpu-devices-to-allocate": ";"}));
-        assert!(!other_vendor_pending(&done));
-        let ours = pod(json!({TO_ALLOCATE_KEY: "A,T,1,1:;"}));
-        assert!(
-            !other_vendor_pending(&ours),
-            "our own key is judged by its entries"
-        );
-        let (annotations, complete) = write_back(&nvidia, &[], ";".to_owned()).unwrap();
-        assert!(!complete);
-        assert!(annotations.get(pod::BIND_PHASE_KEY).is_none());
-        let (annotations, complete) = write_back(&done, &[], ";".to_owned()).unwrap();
-        assert!(complete);
-        assert_eq!(annotations[pod::BIND_PHASE_KEY], "success");
     }
 }

@@ -27,6 +27,7 @@
 
 mod discovery;
 mod http;
+mod lag;
 mod merge;
 mod select;
 mod store;
@@ -44,6 +45,8 @@ use std::{
     time::Duration,
 };
 
+use lag::Lag;
+pub use lag::WatchDelay;
 pub use merge::merge_patch;
 use serde_json::Value;
 use store::Store;
@@ -130,20 +133,11 @@ impl Counts {
     }
 }
 
-/// How late watch events go out: `fixed` plus a uniformly random part of at
-/// most `random`, per event (never before an earlier event of the same
-/// watch).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WatchDelay {
-    pub fixed: Duration,
-    pub random: Duration,
-}
-
 /// State shared by the HTTP side and the test hooks.
 pub(crate) struct Shared {
     store: Mutex<Store>,
-    /// The lag knob and the generator of its random parts.
-    watch_delay: Mutex<(WatchDelay, crate::rng::Rng)>,
+    /// The lag knob.
+    lag: Mutex<Lag>,
     /// Bumped after every write (and on `set_unreachable`) to wake the watches.
     changed: watch::Sender<u64>,
     unreachable: AtomicBool,
@@ -178,13 +172,7 @@ impl Shared {
 
     /// How late the next watch event goes out.
     pub(crate) fn next_watch_delay(&self) -> Duration {
-        let mut knob = lock(&self.watch_delay);
-        let (delay, rng) = &mut *knob;
-        if delay.random.is_zero() {
-            return delay.fixed;
-        }
-        let nanos = u64::try_from(delay.random.as_nanos()).unwrap_or(u64::MAX);
-        delay.fixed + Duration::from_nanos(rng.below(nanos.saturating_add(1)))
+        lock(&self.lag).next()
     }
 
     pub(crate) fn is_unreachable(&self) -> bool {
@@ -232,7 +220,7 @@ impl FakeApiServer {
             .build()?;
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::default()),
-            watch_delay: Mutex::new((WatchDelay::default(), crate::rng::Rng::new(0))),
+            lag: Mutex::new(Lag::new(WatchDelay::default(), 0)),
             changed: watch::Sender::new(0),
             unreachable: AtomicBool::new(false),
             counts: Mutex::new(Counts::default()),
@@ -383,7 +371,7 @@ impl FakeApiServer {
     /// Delays every watch event queued from now on by `delay`, its random
     /// parts drawn from a generator seeded with `seed` (zero turns it off).
     pub fn set_watch_delay(&self, delay: WatchDelay, seed: u64) {
-        *lock(&self.shared.watch_delay) = (delay, crate::rng::Rng::new(seed));
+        *lock(&self.shared.lag) = Lag::new(delay, seed);
     }
 
     /// While set, every connection is closed without an answer (new ones at accept, open

@@ -152,43 +152,6 @@ async fn watch_sees_added_then_modified() {
 }
 
 #[tokio::test]
-async fn the_lag_knob_delays_watch_events_in_order_but_not_reads() {
-    within(async {
-        let server = FakeApiServer::start().expect("server");
-        let fixed = Duration::from_millis(300);
-        let delay = super::WatchDelay {
-            fixed,
-            random: Duration::from_millis(200),
-        };
-        server.set_watch_delay(delay, 42);
-        let pods: Api<Pod> = Api::default_namespaced(client(&server));
-        let params = WatchParams::default().timeout(10);
-        let mut events = pods.watch(&params, "0").await.expect("watch").boxed();
-        let names: Vec<String> = (0..5).map(|i| format!("p{i}")).collect();
-        let created = std::time::Instant::now();
-        for name in &names {
-            pods.create(&PostParams::default(), &pod(name, "n1"))
-                .await
-                .expect("create");
-        }
-        let read = pods.get("p4").await.expect("a read is not delayed");
-        assert_eq!(read.name_any(), "p4");
-        let early = tokio::time::timeout(Duration::from_millis(100), events.try_next()).await;
-        assert!(early.is_err(), "an event came before the fixed delay");
-        let mut seen = Vec::new();
-        while seen.len() < names.len() {
-            match events.try_next().await.expect("event") {
-                Some(WatchEvent::Added(p)) => seen.push(p.name_any()),
-                other => panic!("expected ADDED, got {other:?}"),
-            }
-        }
-        assert!(created.elapsed() >= fixed);
-        assert_eq!(seen, names, "delays never reorder a watch");
-    })
-    .await;
-}
-
-#[tokio::test]
 async fn stale_resource_version_in_a_merge_patch_is_a_conflict() {
     within(async {
         let server = FakeApiServer::start().expect("server");
