@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, ResourceExt, api::ListParams};
 use tracing::{info, warn};
 
-use super::{Allocator, pod};
+use super::{AllocateError, Allocator, pod};
 use crate::{
     kube::CALL_TIMEOUT,
     vram::{PodLookup, is_pod},
@@ -79,11 +79,11 @@ impl Allocator {
     /// still count there. Every write of ours came before the list (Allocates
     /// are serialised), so the list holds them; our CU records still undo
     /// users' edits.
-    pub(super) async fn listed_view(&self) -> Option<Vec<Arc<Pod>>> {
+    pub(super) async fn listed_view(&self, failed: &AllocateError) -> Option<Vec<Arc<Pod>>> {
         let listed = self.list_node_pods().await?;
         info!(
             pods = listed.len(),
-            "the cached view had no room for HAMi's grant; listed the node's pods"
+            "no slice on the cached view ({failed}); planning once more on the node's pods as listed"
         );
         let (pods, edited) = self.ours.with_records(listed);
         self.report_distrust(edited);

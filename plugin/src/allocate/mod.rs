@@ -271,7 +271,7 @@ impl Allocator {
         let planned = match self.plan(pod, pods, count) {
             // The cached view may still count pods that are gone or done
             // (the watch lags behind HAMi): plan once more on a fresh list.
-            Err(err) if err.reason == Reason::Slice => match self.listed_view().await {
+            Err(err) if err.reason == Reason::Slice => match self.listed_view(&err).await {
                 Some(fresh) => self.plan(pod, &fresh, count),
                 None => Err(err),
             },
