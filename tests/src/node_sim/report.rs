@@ -331,6 +331,72 @@ pub fn id_ranges(list: &str) -> impl Iterator<Item = (u32, u32)> + '_ {
 mod tests {
     use super::*;
 
+    /// An admitted pod on node `n` whose one container holds `cus` of GPU `G`.
+    fn admitted(name: &str, cus: Option<&str>) -> PodReport {
+        let container = ContainerReport {
+            name: "c".into(),
+            init: false,
+            request: RequestView {
+                gpus: 1,
+                cores_percent: 25,
+                mem_mib: None,
+            },
+            grants: Vec::new(),
+            kubelet_ids: Vec::new(),
+            preferred_followed_hami: true,
+            gpus: vec![GpuView {
+                id: "G".into(),
+                cu_ranges: cus.map(str::to_owned),
+                cu_count: None,
+                vram_limit_mib: None,
+            }],
+            envs: BTreeMap::new(),
+            devices: Vec::new(),
+            mounts: Vec::new(),
+            cdi_devices: Vec::new(),
+            pre_start: None,
+            error: None,
+            start_error: None,
+        };
+        PodReport {
+            name: name.into(),
+            namespace: "default".into(),
+            file: "x.yaml".into(),
+            description: None,
+            node: "n".into(),
+            mode: Mode::Cu,
+            letter: None,
+            scheduled: true,
+            reason: None,
+            summary: None,
+            rejections: Vec::new(),
+            uid: None,
+            bind_phase: None,
+            devices_allocated: None,
+            cu_allocated: None,
+            containers: vec![container],
+        }
+    }
+
+    #[test]
+    fn holds_come_from_what_containers_got_and_overlaps_are_found() {
+        let a = admitted("a", Some("0-15"));
+        let b = admitted("b", Some("10-25"));
+        let held: Vec<Held> = [&a, &b].iter().flat_map(|p| p.holds()).collect();
+        assert_eq!(held[0].device, "n/G");
+        let found = crate::grants::overlaps(&held);
+        assert_eq!(found.len(), 1);
+        assert!(found[0].to_string().contains("both hold 10-15"), "{}", found[0]);
+        let whole = admitted("w", None);
+        assert_eq!(whole.holds()[0].cus, None, "no mask: the whole device");
+        let mut failed = admitted("f", Some("0-15"));
+        failed.containers[0].error = Some("Allocate: no".into());
+        assert!(failed.holds().is_empty(), "a pod not admitted holds nothing");
+        failed.containers[0].error = None;
+        failed.containers[0].start_error = Some("PreStartContainer failed".into());
+        assert!(failed.admitted() && !failed.started());
+    }
+
     #[test]
     fn cu_masks_and_id_lists() {
         let masks = parse_cu_mask("0:0-75;1:76-151,200");
