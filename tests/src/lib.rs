@@ -10,6 +10,7 @@
 
 pub mod apiserver;
 pub mod bus;
+pub mod cluster;
 pub mod criu_image;
 pub mod fake_amdsmi;
 pub mod fixture;

@@ -386,12 +386,19 @@ mod tests {
         assert_eq!(held[0].device, "n/G");
         let found = crate::grants::overlaps(&held);
         assert_eq!(found.len(), 1);
-        assert!(found[0].to_string().contains("both hold 10-15"), "{}", found[0]);
+        assert!(
+            found[0].to_string().contains("both hold 10-15"),
+            "{}",
+            found[0]
+        );
         let whole = admitted("w", None);
         assert_eq!(whole.holds()[0].cus, None, "no mask: the whole device");
         let mut failed = admitted("f", Some("0-15"));
         failed.containers[0].error = Some("Allocate: no".into());
-        assert!(failed.holds().is_empty(), "a pod not admitted holds nothing");
+        assert!(
+            failed.holds().is_empty(),
+            "a pod not admitted holds nothing"
+        );
         failed.containers[0].error = None;
         failed.containers[0].start_error = Some("PreStartContainer failed".into());
         assert!(failed.admitted() && !failed.started());

@@ -1,0 +1,202 @@
+//! The real control plane (issue 17): etcd, kube-apiserver and
+//! kube-scheduler from `k8s.io/kubernetes` v1.36.3, built by
+//! `tests/cluster/build.sh` (cached outside the clone), and the plugin
+//! talking to that API server instead of the fake one.
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use tests::{
+    bus::{Policy, PrivateBus},
+    cluster::{ADMIN_TOKEN, RealCluster},
+    kubelet::FakeKubelet,
+    stack,
+};
+
+/// The first test of a fresh machine builds the components (minutes).
+const LIMIT: Duration = Duration::from_secs(1500);
+
+async fn admin(cluster: &RealCluster) -> Client {
+    let config = cluster.client_config("admin", ADMIN_TOKEN).await.unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// A Node as kubelet would register it: capacity and a Ready condition,
+/// without the not-ready taint.
+async fn add_node(client: &Client, name: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}});
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(node).unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = json!({"status": {
+        "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "simulated", "lastHeartbeatTime": null}],
+    }});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    // What the node lifecycle controller (kube-controller-manager, not run)
+    // does once the node is Ready: lift the not-ready taint admission put on.
+    let untainted = json!({"spec": {"taints": null}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&untainted))
+        .await
+        .unwrap();
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
+async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> F,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = f().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what} did not happen within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn the_real_scheduler_binds_a_pod_to_a_registered_node() {
+    common::run_async(LIMIT, async {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "node-a").await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+                         "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
+        .await
+        .unwrap();
+        let bound = eventually(
+            Duration::from_secs(120),
+            "binding by kube-scheduler",
+            || {
+                let pods = pods.clone();
+                async move { pods.get("plain").await.ok()?.spec?.node_name }
+            },
+        );
+        let node = match tokio::time::timeout(Duration::from_secs(61), bound).await {
+            Ok(node) => node,
+            Err(_) => panic!("no binding; {}", cluster.log_tail("kube-scheduler")),
+        };
+        assert_eq!(node, "node-a");
+        let (code, version) = cluster.get_as(ADMIN_TOKEN, "/version").unwrap();
+        assert_eq!(code, 200);
+        let version: Value = serde_json::from_str(&version).unwrap();
+        assert_eq!(version["gitVersion"], "v1.36.3", "{version}");
+        let (code, _) = cluster.get_as("not-a-token", "/api/v1/nodes").unwrap();
+        assert_eq!(code, 401, "an unknown token is refused");
+    });
+}
+
+/// The plugin on a fake MI300X node, against the real API server: it
+/// publishes HAMi's register annotation on its Node, every request of it
+/// is in the audit log under its user, and it follows an API server restart.
+#[test]
+fn the_plugin_registers_its_node_through_the_real_api_server() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, async {
+        let mut cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "gpu-node").await;
+        let root = common::build_fixture("mi300x-8-spx");
+        let bus = PrivateBus::start(Policy::Shipped).unwrap();
+        let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
+        let kubelet = FakeKubelet::start().await.unwrap();
+        let kubeconfig = cluster.kubeconfig("admin", ADMIN_TOKEN).unwrap();
+        let hook = common::world::install_hook(root.path());
+        let args = [
+            "--kube",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            "gpu-node",
+            "--hook-path",
+            hook.as_str(),
+            "--sandbox",
+            "best-effort",
+            "--register-interval",
+            "2",
+        ];
+        let _plugin = stack::plugin(&common::fake_node_exe(), &bus, kubelet.dir(), args).unwrap();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let registered = || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get("gpu-node").await.ok()?;
+                let value = node
+                    .metadata
+                    .annotations?
+                    .get("hami.io/node-amd-register")?
+                    .clone();
+                let devices: Vec<Value> = serde_json::from_str(&value).ok()?;
+                (devices.len() == 8).then_some(devices)
+            }
+        };
+        let devices = eventually(
+            Duration::from_secs(60),
+            "the register annotation",
+            registered,
+        )
+        .await;
+        assert!(devices.iter().all(|d| d["health"] == true), "{devices:?}");
+        let patches = cluster
+            .audit_events()
+            .into_iter()
+            .filter(|e| e["user"]["username"] == "admin" && e["verb"] == "patch")
+            .filter(|e| e["objectRef"]["resource"] == "nodes")
+            .count();
+        assert!(
+            patches >= 1,
+            "the audit log names the plugin's patch of its node"
+        );
+
+        // An outage: the annotation is taken away meanwhile and must come back.
+        cluster.stop_apiserver();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        cluster.start_apiserver_again().unwrap();
+        let clear = json!({"metadata": {"annotations": {"hami.io/node-amd-register": null}}});
+        nodes
+            .patch("gpu-node", &PatchParams::default(), &Patch::Merge(&clear))
+            .await
+            .unwrap();
+        eventually(
+            Duration::from_secs(90),
+            "the annotation after the outage",
+            registered,
+        )
+        .await;
+    });
+}
