@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the cluster tests run (etcd embedded
 # in a main of ours, kube-apiserver and kube-scheduler from k8s.io/kubernetes
-# at the version go.mod pins) into a cache outside the clone, keyed by the
-# pins, the sources of ours and the Go version: a second run finds them and
-# only prints where they are.
+# at the version go.mod pins) and render-chart (Helm's library, a module of
+# its own so that its pins do not move Kubernetes') into a cache outside the
+# clone, keyed by the pins, the sources of ours and the Go version: a second
+# run finds them and only prints where they are.
 #
 # Usage: tests/cluster/build.sh   (prints the directory of the binaries last)
 # Env:   AMDGPU_CLUSTER_CACHE     cache root (default ~/.cache/amd-gpu-cluster)
@@ -14,10 +15,10 @@ cd "$here"
 
 command -v go >/dev/null || { echo "build.sh: no 'go' on PATH (Go 1.26 is needed)" >&2; exit 1; }
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly
-key="$( { go version; cat go.mod go.sum build.sh; find cmd -name '*.go' | sort | xargs cat; } | sha256sum | cut -c1-16)"
+key="$( { go version; cat build.sh; find . -name go.mod -o -name go.sum -o -name '*.go' | sort | xargs cat; } | sha256sum | cut -c1-16)"
 root="${AMDGPU_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amd-gpu-cluster}"
 out="$root/$key"
-components=(etcd kube-apiserver kube-scheduler)
+components=(etcd kube-apiserver kube-scheduler render-chart)
 
 complete() {
     for c in "${components[@]}"; do [ -x "$out/bin/$c" ] || return 1; done
@@ -33,6 +34,7 @@ trap 'rm -rf "$staging"' EXIT
 start=$SECONDS
 echo "build.sh: building ${components[*]} ($(go version | cut -d' ' -f3), key $key)" >&2
 go mod download >&2
+(cd render-chart && go mod download >&2)
 echo "build.sh: modules ready after $((SECONDS - start)) s" >&2
 # The version the binaries report (/version, the version skew checks), as
 # Kubernetes' own build stamps it.
@@ -42,6 +44,7 @@ v=k8s.io/component-base/version
 ldflags="-s -w -X $v.gitVersion=$k8s -X $v.gitMajor=1 -X $v.gitMinor=$minor -X $v.gitTreeState=clean"
 go build -trimpath -ldflags "$ldflags" -o "$staging/bin/" \
     ./cmd/etcd k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler >&2
+(cd render-chart && go build -trimpath -ldflags "-s -w" -o "$staging/bin/render-chart" . >&2)
 echo "build.sh: built in $((SECONDS - start)) s" >&2
 # All or nothing: another build of the same key may have won the race.
 if ! mv -T "$staging" "$out" 2>/dev/null; then

@@ -19,7 +19,10 @@ use kube::{
 use serde_json::{Value, json};
 use tests::{
     bus::{Policy, PrivateBus},
-    cluster::{ADMIN_TOKEN, RealCluster},
+    cluster::{
+        ADMIN_TOKEN, RealCluster,
+        chart::{self, NAMESPACE},
+    },
     kubelet::FakeKubelet,
     stack,
 };
@@ -120,9 +123,11 @@ fn the_real_scheduler_binds_a_pod_to_a_registered_node() {
     });
 }
 
-/// The plugin on a fake MI300X node, against the real API server: it
-/// publishes HAMi's register annotation on its Node, every request of it
-/// is in the audit log under its user, and it follows an API server restart.
+/// The plugin on a fake MI300X node, against the real API server with the
+/// token of the chart's ServiceAccount its pod would get: it publishes
+/// HAMi's register annotation on its Node (the chart's RBAC and policy let
+/// it), its requests are in the audit log under that account, and it
+/// follows an API server restart.
 #[test]
 fn the_plugin_registers_its_node_through_the_real_api_server() {
     if !common::can_run_bus_tests() {
@@ -136,7 +141,13 @@ fn the_plugin_registers_its_node_through_the_real_api_server() {
         let bus = PrivateBus::start(Policy::Shipped).unwrap();
         let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
         let kubelet = FakeKubelet::start().await.unwrap();
-        let kubeconfig = cluster.kubeconfig("admin", ADMIN_TOKEN).unwrap();
+        // The chart's account and policy, and the token its pod on the node gets.
+        apply_chart(&cluster);
+        add_pod(&cluster, NAMESPACE, "plugin", "gpu-node", chart::RELEASE);
+        let token = cluster
+            .pod_token(NAMESPACE, chart::RELEASE, "plugin")
+            .unwrap();
+        let kubeconfig = cluster.kubeconfig("plugin", &token).unwrap();
         let hook = common::world::install_hook(root.path());
         let args = [
             "--kube",
@@ -172,10 +183,11 @@ fn the_plugin_registers_its_node_through_the_real_api_server() {
         )
         .await;
         assert!(devices.iter().all(|d| d["health"] == true), "{devices:?}");
+        let user = format!("system:serviceaccount:{NAMESPACE}:{}", chart::RELEASE);
         let patches = cluster
             .audit_events()
             .into_iter()
-            .filter(|e| e["user"]["username"] == "admin" && e["verb"] == "patch")
+            .filter(|e| e["user"]["username"] == user.as_str() && e["verb"] == "patch")
             .filter(|e| e["objectRef"]["resource"] == "nodes")
             .count();
         assert!(
@@ -198,5 +210,104 @@ fn the_plugin_registers_its_node_through_the_real_api_server() {
             registered,
         )
         .await;
+    });
+}
+
+/// A pod bound to `node` (as kube-scheduler would have bound it).
+fn add_pod(cluster: &RealCluster, namespace: &str, name: &str, node: &str, account: &str) {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": name, "namespace": namespace},
+                     "spec": {"nodeName": node, "serviceAccountName": account,
+                              "containers": [{"name": "c", "image": "busybox"}]}});
+    let path = format!("/api/v1/namespaces/{namespace}/pods");
+    let (code, answer) = cluster
+        .request_as(ADMIN_TOKEN, "POST", &path, Some(&pod.to_string()))
+        .unwrap();
+    assert_eq!(code, 201, "creating {namespace}/{name}: {answer}");
+}
+
+/// Applies the chart (its policy on), all but the DaemonSet (no kubelet
+/// runs its pods here).
+fn apply_chart(cluster: &RealCluster) -> Vec<Value> {
+    let objects = chart::render(&[("validatingAdmissionPolicy.enabled", "true")]).unwrap();
+    for object in objects.iter().filter(|o| o["kind"] != "DaemonSet") {
+        let (code, answer) = cluster.apply(object).unwrap();
+        assert!(
+            code == 200 || code == 201,
+            "applying {}: {code} {answer}",
+            object["kind"]
+        );
+    }
+    objects
+}
+
+/// The chart's RBAC and ValidatingAdmissionPolicy, applied from
+/// `helm/amd-gpu` as Helm renders it: the plugin's ServiceAccount, with the
+/// token its pod on node-a gets, may change HAMi's annotations of node-a
+/// and of pods on node-a, and nothing else.
+#[test]
+fn the_charts_account_changes_only_hami_annotations_of_its_node_and_its_pods() {
+    common::run_async(LIMIT, async {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "node-a").await;
+        add_node(&client, "node-b").await;
+        let objects = apply_chart(&cluster);
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        for kind in ["ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"] {
+            assert!(
+                kinds.contains(&kind),
+                "the chart renders a {kind}: {kinds:?}"
+            );
+        }
+        add_pod(&cluster, NAMESPACE, "plugin-on-a", "node-a", chart::RELEASE);
+        add_pod(&cluster, "default", "job-on-a", "node-a", "default");
+        add_pod(&cluster, "default", "job-on-b", "node-b", "default");
+        let token = cluster
+            .pod_token(NAMESPACE, chart::RELEASE, "plugin-on-a")
+            .unwrap();
+        let hami = r#"{"metadata":{"annotations":{"hami.io/node-amd-register":"[]"}}}"#;
+        let patch = |path: &str, body: &str| cluster.merge_patch_as(&token, path, body).unwrap();
+
+        let (code, answer) = patch("/api/v1/nodes/node-a", hami);
+        assert_eq!(code, 200, "its own node: {answer}");
+        let job = r#"{"metadata":{"annotations":{"hami.io/bind-phase":"success"}}}"#;
+        let (code, answer) = patch("/api/v1/namespaces/default/pods/job-on-a", job);
+        assert_eq!(code, 200, "a pod on its node: {answer}");
+        // The policy takes effect once the API server has loaded it.
+        let refused = || {
+            let (code, answer) = patch("/api/v1/nodes/node-b", hami);
+            (code == 403).then_some(answer)
+        };
+        let answer = eventually(
+            Duration::from_secs(30),
+            "the policy refusing node-b",
+            || {
+                let answer = refused();
+                async move { answer }
+            },
+        )
+        .await;
+        assert!(answer.contains("may not change node node-b"), "{answer}");
+        let (code, answer) = patch("/api/v1/namespaces/default/pods/job-on-b", job);
+        assert_eq!(code, 403, "a pod on another node: {answer}");
+        let label = r#"{"metadata":{"labels":{"evil":"yes"}}}"#;
+        let (code, answer) = patch("/api/v1/nodes/node-a", label);
+        assert_eq!(code, 403, "a label of its own node: {answer}");
+        assert!(answer.contains("only hami.io/ annotations"), "{answer}");
+        let (code, _) = cluster
+            .get_as(&token, "/api/v1/namespaces/kube-system/secrets")
+            .unwrap();
+        assert_eq!(code, 403, "RBAC: no secrets");
+        let (code, _) = cluster
+            .request_as(&token, "DELETE", "/api/v1/nodes/node-a", None)
+            .unwrap();
+        assert_eq!(code, 403, "RBAC: no deletes");
+        let user = format!("system:serviceaccount:{NAMESPACE}:{}", chart::RELEASE);
+        let audited = cluster
+            .audit_events()
+            .iter()
+            .any(|e| e["user"]["username"] == user.as_str());
+        assert!(audited, "the audit log names {user}");
     });
 }

@@ -11,6 +11,7 @@
 //! kube-scheduler with a configuration file. Every process is killed when
 //! the cluster is dropped.
 
+pub mod chart;
 mod files;
 
 use std::{
@@ -326,6 +327,41 @@ impl RealCluster {
         path: &str,
         body: Option<&str>,
     ) -> io::Result<(u16, String)> {
+        self.request_with(token, method, path, body, "application/json")
+    }
+
+    /// A JSON merge patch of `path` as the holder of `token`: the status
+    /// code and the answer.
+    ///
+    /// # Errors
+    /// As [`Self::request_as`].
+    pub fn merge_patch_as(
+        &self,
+        token: &str,
+        path: &str,
+        patch: &str,
+    ) -> io::Result<(u16, String)> {
+        self.request_with(
+            token,
+            "PATCH",
+            path,
+            Some(patch),
+            "application/merge-patch+json",
+        )
+    }
+
+    /// [`Self::request_as`] with the body's content type.
+    ///
+    /// # Errors
+    /// As [`Self::request_as`].
+    pub fn request_with(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        content_type: &str,
+    ) -> io::Result<(u16, String)> {
         let mut curl = Command::new("curl");
         curl.args([
             "-sk",
@@ -339,12 +375,8 @@ impl RealCluster {
         ])
         .arg(format!("Authorization: Bearer {token}"));
         if let Some(body) = body {
-            curl.args([
-                "-H",
-                "Content-Type: application/json",
-                "--data-binary",
-                body,
-            ]);
+            curl.arg("-H").arg(format!("Content-Type: {content_type}"));
+            curl.args(["--data-binary", body]);
         }
         let out = curl.arg(format!("{}{path}", self.url())).output()?;
         let text = String::from_utf8_lossy(&out.stdout);

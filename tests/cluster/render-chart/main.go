@@ -1,0 +1,120 @@
+// Command render-chart renders a Helm chart as `helm template` would, with
+// Helm's own Go library, so that the cluster tests apply exactly what the
+// chart ships: every manifest for a release name and namespace, the chart's
+// values overlaid with values files and JSON values, for a given Kubernetes
+// version, printed as one YAML stream (NOTES.txt left out).
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path"
+	"sort"
+	"strings"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+)
+
+// repeated collects a flag given several times.
+type repeated []string
+
+func (r *repeated) String() string     { return strings.Join(*r, ",") }
+func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
+
+// set puts value at the dotted path key of values, making maps on the way.
+func set(values map[string]interface{}, key string, value interface{}) error {
+	parts := strings.Split(key, ".")
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := values[p].(map[string]interface{})
+		if !ok {
+			if _, present := values[p]; present {
+				return fmt.Errorf("--set-json %s: %s is not a map", key, p)
+			}
+			next = map[string]interface{}{}
+			values[p] = next
+		}
+		values = next
+	}
+	values[parts[len(parts)-1]] = value
+	return nil
+}
+
+func userValues(files, sets []string) (map[string]interface{}, error) {
+	values := map[string]interface{}{}
+	for _, file := range files {
+		read, err := chartutil.ReadValuesFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--values %s: %w", file, err)
+		}
+		values = chartutil.CoalesceTables(read.AsMap(), values)
+	}
+	for _, s := range sets {
+		key, text, ok := strings.Cut(s, "=")
+		if !ok {
+			return nil, fmt.Errorf("--set-json %q: not KEY=JSON", s)
+		}
+		var value interface{}
+		if err := json.Unmarshal([]byte(text), &value); err != nil {
+			return nil, fmt.Errorf("--set-json %s: %w", key, err)
+		}
+		if err := set(values, key, value); err != nil {
+			return nil, err
+		}
+	}
+	return values, nil
+}
+
+func main() {
+	chartDir := flag.String("chart", "", "the chart's directory (required)")
+	name := flag.String("name", "amd-gpu", "the release name")
+	namespace := flag.String("namespace", "kube-system", "the release namespace")
+	kubeVersion := flag.String("kube-version", "v1.36.3", "the cluster's Kubernetes version")
+	var files, sets repeated
+	flag.Var(&files, "values", "a values file (repeatable; later ones win)")
+	flag.Var(&sets, "set-json", "KEY=JSON, KEY a dotted path (repeatable; after the files)")
+	flag.Parse()
+	if *chartDir == "" {
+		log.Fatal("render-chart: --chart is required")
+	}
+	chart, err := loader.Load(*chartDir)
+	if err != nil {
+		log.Fatalf("render-chart: loading %s: %v", *chartDir, err)
+	}
+	values, err := userValues(files, sets)
+	if err != nil {
+		log.Fatalf("render-chart: %v", err)
+	}
+	version, err := chartutil.ParseKubeVersion(*kubeVersion)
+	if err != nil {
+		log.Fatalf("render-chart: --kube-version %s: %v", *kubeVersion, err)
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = *version
+	release := chartutil.ReleaseOptions{Name: *name, Namespace: *namespace, Revision: 1, IsInstall: true}
+	top, err := chartutil.ToRenderValues(chart, values, release, caps)
+	if err != nil {
+		log.Fatalf("render-chart: the values: %v", err)
+	}
+	rendered, err := engine.Render(chart, top)
+	if err != nil {
+		log.Fatalf("render-chart: %v", err)
+	}
+	names := make([]string, 0, len(rendered))
+	for file := range rendered {
+		names = append(names, file)
+	}
+	sort.Strings(names)
+	for _, file := range names {
+		text := strings.TrimSpace(rendered[file])
+		if text == "" || path.Base(file) == "NOTES.txt" {
+			continue
+		}
+		fmt.Printf("---\n# Source: %s\n%s\n", file, text)
+	}
+	os.Exit(0)
+}
