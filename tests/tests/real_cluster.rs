@@ -123,11 +123,63 @@ fn the_real_scheduler_binds_a_pod_to_a_registered_node() {
     });
 }
 
-/// The plugin on a fake MI300X node, against the real API server with the
-/// token of the chart's ServiceAccount its pod would get: it publishes
-/// HAMi's register annotation on its Node (the chart's RBAC and policy let
-/// it), its requests are in the audit log under that account, and it
-/// follows an API server restart.
+/// amd-gpud and the plugin on a fake MI300X node, the plugin against the
+/// real API server with the token of the chart's ServiceAccount its pod
+/// would get (the chart applied, its policy on); dropped together.
+struct PluginNode {
+    kubelet: FakeKubelet,
+    plugin: stack::Process,
+    _gpud: stack::Process,
+    _bus: PrivateBus,
+    _root: tempfile::TempDir,
+}
+
+async fn plugin_node(cluster: &RealCluster, node: &str, extra: &[&str]) -> PluginNode {
+    let root = common::build_fixture("mi300x-8-spx");
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
+    let kubelet = FakeKubelet::start().await.unwrap();
+    apply_chart(cluster);
+    add_pod(cluster, NAMESPACE, "plugin", node, chart::RELEASE);
+    let token = cluster
+        .pod_token(NAMESPACE, chart::RELEASE, "plugin")
+        .unwrap();
+    let kubeconfig = cluster.kubeconfig("plugin", &token).unwrap();
+    let hook = common::world::install_hook(root.path());
+    let mut args = vec!["--kube", kubeconfig.to_str().unwrap(), "--node-name", node];
+    args.extend(["--hook-path", hook.as_str(), "--sandbox", "best-effort"]);
+    args.extend_from_slice(extra);
+    let plugin = stack::plugin(&common::fake_node_exe(), &bus, kubelet.dir(), args).unwrap();
+    PluginNode {
+        kubelet,
+        plugin,
+        _gpud: gpud,
+        _bus: bus,
+        _root: root,
+    }
+}
+
+/// The register annotation's 8 devices, once the plugin has published them.
+async fn registered(nodes: &Api<Node>, node: &str) -> Option<Vec<Value>> {
+    let node = nodes.get(node).await.ok()?;
+    let value = node
+        .metadata
+        .annotations?
+        .get("hami.io/node-amd-register")?
+        .clone();
+    let devices: Vec<Value> = serde_json::from_str(&value).ok()?;
+    (devices.len() == 8).then_some(devices)
+}
+
+/// The user name of the chart's ServiceAccount.
+fn plugin_user() -> String {
+    format!("system:serviceaccount:{NAMESPACE}:{}", chart::RELEASE)
+}
+
+/// The plugin publishes HAMi's register annotation on its Node (the chart's
+/// RBAC and policy let it), its requests are in the audit log under the
+/// chart's account, and it lives through a 60 s outage of the API server
+/// and converges after it.
 #[test]
 fn the_plugin_registers_its_node_through_the_real_api_server() {
     if !common::can_run_bus_tests() {
@@ -137,53 +189,12 @@ fn the_plugin_registers_its_node_through_the_real_api_server() {
         let mut cluster = RealCluster::start().unwrap();
         let client = admin(&cluster).await;
         add_node(&client, "gpu-node").await;
-        let root = common::build_fixture("mi300x-8-spx");
-        let bus = PrivateBus::start(Policy::Shipped).unwrap();
-        let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
-        let kubelet = FakeKubelet::start().await.unwrap();
-        // The chart's account and policy, and the token its pod on the node gets.
-        apply_chart(&cluster);
-        add_pod(&cluster, NAMESPACE, "plugin", "gpu-node", chart::RELEASE);
-        let token = cluster
-            .pod_token(NAMESPACE, chart::RELEASE, "plugin")
-            .unwrap();
-        let kubeconfig = cluster.kubeconfig("plugin", &token).unwrap();
-        let hook = common::world::install_hook(root.path());
-        let args = [
-            "--kube",
-            kubeconfig.to_str().unwrap(),
-            "--node-name",
-            "gpu-node",
-            "--hook-path",
-            hook.as_str(),
-            "--sandbox",
-            "best-effort",
-            "--register-interval",
-            "2",
-        ];
-        let _plugin = stack::plugin(&common::fake_node_exe(), &bus, kubelet.dir(), args).unwrap();
+        let mut node = plugin_node(&cluster, "gpu-node", &["--register-interval", "2"]).await;
         let nodes: Api<Node> = Api::all(client.clone());
-        let registered = || {
-            let nodes = nodes.clone();
-            async move {
-                let node = nodes.get("gpu-node").await.ok()?;
-                let value = node
-                    .metadata
-                    .annotations?
-                    .get("hami.io/node-amd-register")?
-                    .clone();
-                let devices: Vec<Value> = serde_json::from_str(&value).ok()?;
-                (devices.len() == 8).then_some(devices)
-            }
-        };
-        let devices = eventually(
-            Duration::from_secs(60),
-            "the register annotation",
-            registered,
-        )
-        .await;
+        let wait = || registered(&nodes, "gpu-node");
+        let devices = eventually(Duration::from_secs(60), "the register annotation", wait).await;
         assert!(devices.iter().all(|d| d["health"] == true), "{devices:?}");
-        let user = format!("system:serviceaccount:{NAMESPACE}:{}", chart::RELEASE);
+        let user = plugin_user();
         let patches = cluster
             .audit_events()
             .into_iter()
@@ -195,21 +206,145 @@ fn the_plugin_registers_its_node_through_the_real_api_server() {
             "the audit log names the plugin's patch of its node"
         );
 
-        // An outage: the annotation is taken away meanwhile and must come back.
+        // A 60 s outage; the plugin lives through it, and the annotation,
+        // taken away after it, comes back.
         cluster.stop_apiserver();
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            node.plugin.0.try_wait().unwrap().is_none(),
+            "the plugin exited"
+        );
+        let back = Instant::now();
         cluster.start_apiserver_again().unwrap();
+        eprintln!("the API server was ready again after {:?}", back.elapsed());
         let clear = json!({"metadata": {"annotations": {"hami.io/node-amd-register": null}}});
         nodes
             .patch("gpu-node", &PatchParams::default(), &Patch::Merge(&clear))
             .await
             .unwrap();
+        let wait = || registered(&nodes, "gpu-node");
         eventually(
             Duration::from_secs(90),
             "the annotation after the outage",
-            registered,
+            wait,
         )
         .await;
+        eprintln!(
+            "the annotation was back {:?} after the restart",
+            back.elapsed()
+        );
+    });
+}
+
+/// HAMi's Filter and Bind for pod `default/<name>` granted `cus` CUs and
+/// `mem` MiB of `gpu` (a register device), written as HAMi's scheduler
+/// writes them: the pod with its annotations, the node lock, the binding.
+fn hami_binds(cluster: &RealCluster, name: &str, node: &str, gpu: &Value, (cus, mem): (u32, u32)) {
+    let grant = tests::hami_emulator::Grant {
+        id: gpu["id"].as_str().unwrap().to_owned(),
+        device_type: gpu["type"].as_str().unwrap().to_owned(),
+        mem_mib: mem,
+        cus,
+    };
+    let entry = tests::hami_emulator::encode(&[vec![grant]]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": {
+            "hami.io/vgpu-node": node, "hami.io/vgpu-time": now.to_string(),
+            "hami.io/amd-devices-to-allocate": entry, "hami.io/amd-devices-allocated": entry,
+            "hami.io/bind-phase": "allocating", "hami.io/bind-time": now.to_string()}},
+        "spec": {"containers": [{"name": "c", "image": "rocm",
+                                 "resources": {"limits": {"amd.com/gpu": "1"}}}]}});
+    let (code, answer) = cluster
+        .request_as(
+            ADMIN_TOKEN,
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            Some(&pod.to_string()),
+        )
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
+    let lock = format!("{},default,{name}", tests::apiserver::rfc3339(now));
+    let patch = json!({"metadata": {"annotations": {"hami.io/mutex.lock": lock}}}).to_string();
+    let (code, answer) = cluster
+        .merge_patch_as(ADMIN_TOKEN, &format!("/api/v1/nodes/{node}"), &patch)
+        .unwrap();
+    assert_eq!(code, 200, "{answer}");
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+    let path = format!("/api/v1/namespaces/default/pods/{name}/binding");
+    let (code, answer) = cluster
+        .request_as(ADMIN_TOKEN, "POST", &path, Some(&binding.to_string()))
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
+}
+
+/// One Allocate through the real API server, counted by its audit log: on
+/// the happy path (the watches have delivered HAMi's writes) the plugin
+/// reads nothing and writes twice (the pod, then the lock's release).
+#[test]
+fn an_allocate_reads_nothing_and_writes_twice_on_the_real_api_server() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, async {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "gpu-node").await;
+        let node = plugin_node(&cluster, "gpu-node", &[]).await;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let wait = || registered(&nodes, "gpu-node");
+        let devices = eventually(Duration::from_secs(60), "the register annotation", wait).await;
+        hami_binds(&cluster, "job", "gpu-node", &devices[0], (76, 4096));
+        tokio::time::sleep(Duration::from_secs(1)).await; // the watches deliver
+        let before = cluster.audit_events().len();
+        let id = format!("{}#0", devices[0]["id"].as_str().unwrap());
+        let answer = node.kubelet.allocate(vec![id]).await.unwrap();
+        assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-75");
+        let unlocked = || {
+            let nodes = nodes.clone();
+            async move {
+                let node = nodes.get("gpu-node").await.ok()?;
+                let locked = node
+                    .metadata
+                    .annotations?
+                    .contains_key("hami.io/mutex.lock");
+                (!locked).then_some(())
+            }
+        };
+        eventually(Duration::from_secs(10), "the lock's release", unlocked).await;
+        let user = plugin_user();
+        let calls: Vec<(String, String)> = cluster.audit_events()[before..]
+            .iter()
+            .filter(|e| e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete")
+            .filter(|e| e["verb"] != "watch")
+            .map(|e| {
+                let verb = e["verb"].as_str().unwrap_or_default().to_owned();
+                (
+                    verb,
+                    e["objectRef"]["resource"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect();
+        let writes = [
+            ("patch".to_owned(), "pods".to_owned()),
+            ("patch".to_owned(), "nodes".to_owned()),
+        ];
+        assert_eq!(calls, writes, "the plugin's requests during the Allocate");
+        let pod = cluster
+            .get_as(ADMIN_TOKEN, "/api/v1/namespaces/default/pods/job")
+            .unwrap()
+            .1;
+        let pod: Value = serde_json::from_str(&pod).unwrap();
+        assert_eq!(
+            pod["metadata"]["annotations"]["hami.io/bind-phase"],
+            "success"
+        );
     });
 }
 
