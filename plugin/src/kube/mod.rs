@@ -161,6 +161,12 @@ impl Caches {
         (mark, self.pods.state())
     }
 
+    /// Whether the node watch's last answer from the API server was not an
+    /// error (else the cached node may be stale).
+    pub fn node_watch_answering(&self) -> bool {
+        self.watching[0].load(Ordering::Relaxed)
+    }
+
     /// Whether both watches work: their last answer from the API server was
     /// not an error.
     pub fn connected(&self) -> bool {

@@ -52,6 +52,14 @@ pub async fn run_register(
     info!("published every device as unhealthy for the stop");
 }
 
+/// The node from the API server (`None` on an error or timeout).
+async fn read_node(nodes: &Api<Node>, name: &str) -> Option<std::sync::Arc<Node>> {
+    match tokio::time::timeout(CALL_TIMEOUT, nodes.get(name)).await {
+        Ok(Ok(node)) => Some(std::sync::Arc::new(node)),
+        _ => None,
+    }
+}
+
 /// Patches the node when the wanted value differs from the cached node's.
 async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u32, healthy: bool) {
     if snapshot.gpus.is_empty() {
@@ -64,7 +72,14 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
             return;
         }
     };
-    let node = caches.node();
+    // A failing watch keeps its last node, which may be long out of date
+    // (after an API server outage it can take a minute to come back): read
+    // the node itself then.
+    let node = if caches.node_watch_answering() {
+        caches.node()
+    } else {
+        read_node(nodes, &caches.node_name).await
+    };
     let current = node
         .as_ref()
         .and_then(|n| n.metadata.annotations.as_ref())
