@@ -9,14 +9,13 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{
-    Api, Client,
+    Api,
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
+use std::time::{Duration, Instant};
 use tests::{
     bus::{Policy, PrivateBus},
     cluster::{
@@ -27,64 +26,7 @@ use tests::{
     stack,
 };
 
-/// The first test of a fresh machine builds the components (minutes).
-const LIMIT: Duration = Duration::from_secs(1500);
-
-async fn admin(cluster: &RealCluster) -> Client {
-    let config = cluster.client_config("admin", ADMIN_TOKEN).await.unwrap();
-    Client::try_from(config).unwrap()
-}
-
-/// A Node as kubelet would register it: capacity and a Ready condition,
-/// without the not-ready taint.
-async fn add_node(client: &Client, name: &str) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = json!({"apiVersion": "v1", "kind": "Node",
-                      "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}});
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(node).unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = json!({"status": {
-        "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "simulated", "lastHeartbeatTime": null}],
-    }});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-    // What the node lifecycle controller (kube-controller-manager, not run)
-    // does once the node is Ready: lift the not-ready taint admission put on.
-    let untainted = json!({"spec": {"taints": null}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&untainted))
-        .await
-        .unwrap();
-}
-
-/// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
-async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
-    limit: Duration,
-    what: &str,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = f().await {
-            return value;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what} did not happen within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use common::cluster::{LIMIT, add_node, add_pod, admin, apply_chart, eventually};
 
 #[test]
 fn the_real_scheduler_binds_a_pod_to_a_registered_node() {
@@ -345,104 +287,5 @@ fn an_allocate_reads_nothing_and_writes_twice_on_the_real_api_server() {
             pod["metadata"]["annotations"]["hami.io/bind-phase"],
             "success"
         );
-    });
-}
-
-/// A pod bound to `node` (as kube-scheduler would have bound it).
-fn add_pod(cluster: &RealCluster, namespace: &str, name: &str, node: &str, account: &str) {
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": name, "namespace": namespace},
-                     "spec": {"nodeName": node, "serviceAccountName": account,
-                              "containers": [{"name": "c", "image": "busybox"}]}});
-    let path = format!("/api/v1/namespaces/{namespace}/pods");
-    let (code, answer) = cluster
-        .request_as(ADMIN_TOKEN, "POST", &path, Some(&pod.to_string()))
-        .unwrap();
-    assert_eq!(code, 201, "creating {namespace}/{name}: {answer}");
-}
-
-/// Applies the chart (its policy on), all but the DaemonSet (no kubelet
-/// runs its pods here).
-fn apply_chart(cluster: &RealCluster) -> Vec<Value> {
-    let objects = chart::render(&[("validatingAdmissionPolicy.enabled", "true")]).unwrap();
-    for object in objects.iter().filter(|o| o["kind"] != "DaemonSet") {
-        let (code, answer) = cluster.apply(object).unwrap();
-        assert!(
-            code == 200 || code == 201,
-            "applying {}: {code} {answer}",
-            object["kind"]
-        );
-    }
-    objects
-}
-
-/// The chart's RBAC and ValidatingAdmissionPolicy, applied from
-/// `helm/amd-gpu` as Helm renders it: the plugin's ServiceAccount, with the
-/// token its pod on node-a gets, may change HAMi's annotations of node-a
-/// and of pods on node-a, and nothing else.
-#[test]
-fn the_charts_account_changes_only_hami_annotations_of_its_node_and_its_pods() {
-    common::run_async(LIMIT, async {
-        let cluster = RealCluster::start().unwrap();
-        let client = admin(&cluster).await;
-        add_node(&client, "node-a").await;
-        add_node(&client, "node-b").await;
-        let objects = apply_chart(&cluster);
-        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
-        for kind in ["ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"] {
-            assert!(
-                kinds.contains(&kind),
-                "the chart renders a {kind}: {kinds:?}"
-            );
-        }
-        add_pod(&cluster, NAMESPACE, "plugin-on-a", "node-a", chart::RELEASE);
-        add_pod(&cluster, "default", "job-on-a", "node-a", "default");
-        add_pod(&cluster, "default", "job-on-b", "node-b", "default");
-        let token = cluster
-            .pod_token(NAMESPACE, chart::RELEASE, "plugin-on-a")
-            .unwrap();
-        let hami = r#"{"metadata":{"annotations":{"hami.io/node-amd-register":"[]"}}}"#;
-        let patch = |path: &str, body: &str| cluster.merge_patch_as(&token, path, body).unwrap();
-
-        let (code, answer) = patch("/api/v1/nodes/node-a", hami);
-        assert_eq!(code, 200, "its own node: {answer}");
-        let job = r#"{"metadata":{"annotations":{"hami.io/bind-phase":"success"}}}"#;
-        let (code, answer) = patch("/api/v1/namespaces/default/pods/job-on-a", job);
-        assert_eq!(code, 200, "a pod on its node: {answer}");
-        // The policy takes effect once the API server has loaded it.
-        let refused = || {
-            let (code, answer) = patch("/api/v1/nodes/node-b", hami);
-            (code == 403).then_some(answer)
-        };
-        let answer = eventually(
-            Duration::from_secs(30),
-            "the policy refusing node-b",
-            || {
-                let answer = refused();
-                async move { answer }
-            },
-        )
-        .await;
-        assert!(answer.contains("may not change node node-b"), "{answer}");
-        let (code, answer) = patch("/api/v1/namespaces/default/pods/job-on-b", job);
-        assert_eq!(code, 403, "a pod on another node: {answer}");
-        let label = r#"{"metadata":{"labels":{"evil":"yes"}}}"#;
-        let (code, answer) = patch("/api/v1/nodes/node-a", label);
-        assert_eq!(code, 403, "a label of its own node: {answer}");
-        assert!(answer.contains("only hami.io/ annotations"), "{answer}");
-        let (code, _) = cluster
-            .get_as(&token, "/api/v1/namespaces/kube-system/secrets")
-            .unwrap();
-        assert_eq!(code, 403, "RBAC: no secrets");
-        let (code, _) = cluster
-            .request_as(&token, "DELETE", "/api/v1/nodes/node-a", None)
-            .unwrap();
-        assert_eq!(code, 403, "RBAC: no deletes");
-        let user = format!("system:serviceaccount:{NAMESPACE}:{}", chart::RELEASE);
-        let audited = cluster
-            .audit_events()
-            .iter()
-            .any(|e| e["user"]["username"] == user.as_str());
-        assert!(audited, "the audit log names {user}");
     });
 }

@@ -12,17 +12,25 @@ use super::{ADMIN_TOKEN, RealCluster, binaries};
 pub const RELEASE: &str = "amd-gpu";
 pub const NAMESPACE: &str = "kube-system";
 
-/// The chart's objects for the default values overlaid with `set_json`
-/// (`key.path`, JSON value) pairs, for Kubernetes v1.36.3.
+/// The chart's objects in [`NAMESPACE`] for the default values overlaid
+/// with `set_json` (`key.path`, JSON value) pairs, for Kubernetes v1.36.3.
 ///
 /// # Errors
 /// When the renderer cannot be built or run, or refuses the values.
 pub fn render(set_json: &[(&str, &str)]) -> io::Result<Vec<Value>> {
+    render_in(NAMESPACE, set_json)
+}
+
+/// [`render`] for a release in `namespace`.
+///
+/// # Errors
+/// As [`render`].
+pub fn render_in(namespace: &str, set_json: &[(&str, &str)]) -> io::Result<Vec<Value>> {
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/amd-gpu");
     let mut cmd = Command::new(binaries()?.join("render-chart"));
     cmd.arg("--chart")
         .arg(&chart)
-        .args(["--name", RELEASE, "--namespace", NAMESPACE]);
+        .args(["--name", RELEASE, "--namespace", namespace]);
     for (key, value) in set_json {
         cmd.arg("--set-json").arg(format!("{key}={value}"));
     }

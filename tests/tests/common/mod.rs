@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses its own subset
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
+pub mod cluster;
 pub mod world;
 
 use std::{

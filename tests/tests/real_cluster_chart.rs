@@ -1,0 +1,198 @@
+//! The chart against the real control plane (issue 17): `helm/amd-gpu` as
+//! Helm's library renders it, applied server-side to a real kube-apiserver
+//! v1.36.3, its RBAC, its ValidatingAdmissionPolicy and its pod under Pod
+//! Security "restricted" judged by the real admission.
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{LIMIT, add_node, add_pod, admin, apply_chart, eventually};
+use serde_json::{Value, json};
+use tests::cluster::{
+    ADMIN_TOKEN, RealCluster,
+    chart::{self, NAMESPACE},
+};
+
+/// The chart's RBAC and ValidatingAdmissionPolicy, applied from
+/// `helm/amd-gpu` as Helm renders it: the plugin's ServiceAccount, with the
+/// token its pod on node-a gets, may change HAMi's annotations of node-a
+/// and of pods on node-a, and nothing else.
+#[test]
+fn the_charts_account_changes_only_hami_annotations_of_its_node_and_its_pods() {
+    common::run_async(LIMIT, async {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "node-a").await;
+        add_node(&client, "node-b").await;
+        let objects = apply_chart(&cluster);
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        for kind in ["ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"] {
+            assert!(
+                kinds.contains(&kind),
+                "the chart renders a {kind}: {kinds:?}"
+            );
+        }
+        add_pod(&cluster, NAMESPACE, "plugin-on-a", "node-a", chart::RELEASE);
+        add_pod(&cluster, "default", "job-on-a", "node-a", "default");
+        add_pod(&cluster, "default", "job-on-b", "node-b", "default");
+        let token = cluster
+            .pod_token(NAMESPACE, chart::RELEASE, "plugin-on-a")
+            .unwrap();
+        let hami = r#"{"metadata":{"annotations":{"hami.io/node-amd-register":"[]"}}}"#;
+        let patch = |path: &str, body: &str| cluster.merge_patch_as(&token, path, body).unwrap();
+
+        let (code, answer) = patch("/api/v1/nodes/node-a", hami);
+        assert_eq!(code, 200, "its own node: {answer}");
+        let job = r#"{"metadata":{"annotations":{"hami.io/bind-phase":"success"}}}"#;
+        let (code, answer) = patch("/api/v1/namespaces/default/pods/job-on-a", job);
+        assert_eq!(code, 200, "a pod on its node: {answer}");
+        // The policy takes effect once the API server has loaded it.
+        let refused = || {
+            let (code, answer) = patch("/api/v1/nodes/node-b", hami);
+            (code == 403).then_some(answer)
+        };
+        let answer = eventually(
+            Duration::from_secs(30),
+            "the policy refusing node-b",
+            || {
+                let answer = refused();
+                async move { answer }
+            },
+        )
+        .await;
+        assert!(answer.contains("may not change node node-b"), "{answer}");
+        let (code, answer) = patch("/api/v1/namespaces/default/pods/job-on-b", job);
+        assert_eq!(code, 403, "a pod on another node: {answer}");
+        let label = r#"{"metadata":{"labels":{"evil":"yes"}}}"#;
+        let (code, answer) = patch("/api/v1/nodes/node-a", label);
+        assert_eq!(code, 403, "a label of its own node: {answer}");
+        assert!(answer.contains("only hami.io/ annotations"), "{answer}");
+        let (code, _) = cluster
+            .get_as(&token, "/api/v1/namespaces/kube-system/secrets")
+            .unwrap();
+        assert_eq!(code, 403, "RBAC: no secrets");
+        let (code, _) = cluster
+            .request_as(&token, "DELETE", "/api/v1/nodes/node-a", None)
+            .unwrap();
+        assert_eq!(code, 403, "RBAC: no deletes");
+        let user = format!("system:serviceaccount:{NAMESPACE}:{}", chart::RELEASE);
+        let audited = cluster
+            .audit_events()
+            .iter()
+            .any(|e| e["user"]["username"] == user.as_str());
+        assert!(audited, "the audit log names {user}");
+    });
+}
+
+/// The hostPath volumes `helm/amd-gpu/pss-exceptions.txt` allows.
+fn documented_exceptions() -> Vec<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../helm/amd-gpu/pss-exceptions.txt"
+    );
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Creates the DaemonSet's pod as its controller would (bound to a node);
+/// the status code and the answer.
+fn create_daemon_pod(cluster: &RealCluster, namespace: &str, template: &Value) -> (u16, String) {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": template["metadata"].clone(), "spec": template["spec"].clone()});
+    pod["metadata"]["generateName"] = json!("amd-gpu-");
+    pod["spec"]["nodeName"] = json!("node-a");
+    let path = format!("/api/v1/namespaces/{namespace}/pods");
+    cluster
+        .request_as(ADMIN_TOKEN, "POST", &path, Some(&pod.to_string()))
+        .unwrap()
+}
+
+/// The chart applied server-side into a namespace that enforces Pod
+/// Security "restricted": the real admission refuses its pod for the
+/// hostPath volumes `pss-exceptions.txt` documents and nothing else, and
+/// admits it once they are taken out.
+#[test]
+fn under_restricted_pod_security_only_the_documented_host_paths_are_refused() {
+    common::run_async(LIMIT, async {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "node-a").await;
+        let ns = "amd-gpu-restricted";
+        let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns,
+            "labels": {"pod-security.kubernetes.io/enforce": "restricted",
+                       "pod-security.kubernetes.io/enforce-version": "latest"}}});
+        let (code, answer) = cluster.apply(&namespace).unwrap();
+        assert_eq!(code, 201, "{answer}");
+        let objects = chart::render_in(ns, &[]).unwrap();
+        for object in &objects {
+            let (code, answer) = cluster.apply(object).unwrap();
+            assert!(
+                code == 200 || code == 201,
+                "applying {}: {code} {answer}",
+                object["kind"]
+            );
+        }
+        let daemonset = objects.iter().find(|o| o["kind"] == "DaemonSet").unwrap();
+        let template = &daemonset["spec"]["template"];
+        let (code, answer) = create_daemon_pod(&cluster, ns, template);
+        assert_eq!(code, 403, "{answer}");
+        let refusal: Value = serde_json::from_str(&answer).unwrap();
+        let message = refusal["message"].as_str().unwrap();
+        let (_, violations) = message
+            .split_once(r#"violates PodSecurity "restricted:latest": "#)
+            .unwrap();
+        let host_paths: Vec<&str> = template["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| v.get("hostPath").is_some())
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        let mut documented = documented_exceptions();
+        documented.sort();
+        let mut sorted = host_paths.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted, documented,
+            "the chart's hostPath volumes are the documented ones"
+        );
+        let quoted: Vec<String> = host_paths.iter().map(|n| format!("{n:?}")).collect();
+        // PodSecurity's wording for the restricted volume-type control (the
+        // baseline hostPath control says the same of the same volumes).
+        let expected = format!(
+            "restricted volume types (volumes {} use restricted volume type \"hostPath\")",
+            quoted.join(", ")
+        );
+        assert_eq!(violations, expected, "the only violations");
+
+        // Without those volumes (and their mounts) the same pod is admitted.
+        let mut allowed = template.clone();
+        let keep = |v: &Value| !host_paths.contains(&v["name"].as_str().unwrap_or_default());
+        let volumes: Vec<Value> = template["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|v| keep(v))
+            .cloned()
+            .collect();
+        allowed["spec"]["volumes"] = json!(volumes);
+        for container in allowed["spec"]["containers"].as_array_mut().unwrap() {
+            let mounts: Vec<Value> = container["volumeMounts"]
+                .as_array()
+                .map(|m| m.iter().filter(|m| keep(m)).cloned().collect())
+                .unwrap_or_default();
+            container["volumeMounts"] = json!(mounts);
+        }
+        let (code, answer) = create_daemon_pod(&cluster, ns, &allowed);
+        assert_eq!(code, 201, "the pod without its hostPath volumes: {answer}");
+    });
+}
