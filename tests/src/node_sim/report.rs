@@ -333,31 +333,20 @@ mod tests {
 
     /// An admitted pod on node `n` whose one container holds `cus` of GPU `G`.
     fn admitted(name: &str, cus: Option<&str>) -> PodReport {
-        let container = ContainerReport {
-            name: "c".into(),
+        let request = ContainerRequest {
+            container: "c".into(),
             init: false,
-            request: RequestView {
-                gpus: 1,
-                cores_percent: 25,
-                mem_mib: None,
-            },
-            grants: Vec::new(),
-            kubelet_ids: Vec::new(),
-            preferred_followed_hami: true,
-            gpus: vec![GpuView {
-                id: "G".into(),
-                cu_ranges: cus.map(str::to_owned),
-                cu_count: None,
-                vram_limit_mib: None,
-            }],
-            envs: BTreeMap::new(),
-            devices: Vec::new(),
-            mounts: Vec::new(),
-            cdi_devices: Vec::new(),
-            pre_start: None,
-            error: None,
-            start_error: None,
+            nums: 1,
+            mem_mib: None,
+            cores_pct: 25,
         };
+        let mut container = ContainerReport::new(&request, &[]);
+        container.gpus = vec![GpuView {
+            id: "G".into(),
+            cu_ranges: cus.map(str::to_owned),
+            cu_count: None,
+            vram_limit_mib: None,
+        }];
         PodReport {
             name: name.into(),
             namespace: "default".into(),
