@@ -1,31 +1,33 @@
-//! HAMi's Filter for AMD (hami-protocol §1.2, §3.2, §4.2): the node's devices
-//! from `hami.io/node-amd-register`, their usage rebuilt from the pods'
-//! `hami.io/amd-devices-allocated`, and for each AMD container the devices
-//! that fit, in HAMi's order, as [`Grant`]s.
+//! HAMi's Filter for AMD on one node (hami-protocol §1.2, §3.2, §4.2;
+//! Project-HAMi/HAMi `pkg/scheduler/score.go`, `pkg/device/amd/device.go`):
+//! the node's devices from `hami.io/node-amd-register`, their usage rebuilt
+//! from the pods' `hami.io/amd-devices-allocated` ([`super::usage`]), and for
+//! each AMD container the devices that fit, as [`Grant`]s.
 //!
-//! Per container: the devices whose `type` contains `amd` are scored (slots,
-//! CUs and memory in use after the request, as fractions), sorted ascending
-//! for `binpack` and descending for `spread`, and scanned from the end. A
-//! device is skipped, with HAMi's reason, when it is unhealthy
-//! (`CardUnhealthy`), filtered out by type or UUID (`CardTypeMismatch`,
-//! `CardUuidMismatch`), full (`Used >= Count`: `CardTimeSlicingExhausted`),
-//! used at all under `mutex` (`ExclusiveDeviceAllocateConflict`), short of
-//! memory (`CardInsufficientMemory`) or of CUs (`CardInsufficientCore`).
-//! Memory asked is `gpumem` or the whole device; CUs are `devcore × pct /
-//! 100`, clamped to `[1, devcore]`. A grant adds one slot, its memory and CUs
-//! to the device before the next container is placed.
+//! Each init container is fitted on its own copy of the node, and the app
+//! containers one after the other on another copy that ignores the init
+//! containers: an init container and an app container can get the same GPU.
+//! Per container the node's devices are sorted in place ([`super::order`])
+//! and the AMD ones (`type` contains `amd`) scanned from the end. A device is
+//! skipped, with HAMi's reason, when it is unhealthy (`CardUnhealthy`),
+//! filtered out by type or UUID (`CardTypeMismatch`, `CardUuidMismatch`),
+//! full (`Used >= Count`: `CardTimeSlicingExhausted`), used at all under
+//! `mutex` (`ExclusiveDeviceAllocateConflict`), short of memory
+//! (`CardInsufficientMemory`) or of CUs (`CardInsufficientCore`). Memory
+//! asked is `gpumem` or the whole device; CUs are `devcore × pct / 100`,
+//! clamped to `[1, devcore]`. A grant adds one slot, its memory and CUs to
+//! the node copy before the next container of that copy is placed.
 //!
-//! Not modelled: the `numa` policy, node scoring across nodes, and the
-//! collapse of init-container usage (every entry of a pod counts).
+//! Not modelled: node scoring across nodes, NUMA binding (`numa-bind`), and
+//! Go's unstable sort past 12 devices ([`super::order`]).
 
 use std::fmt;
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::{
-    Grant,
-    request::{ContainerRequest, GpuPolicy, RequestError, Selection},
+    Grant, order,
+    request::{ContainerRequest, RequestError, Selection},
 };
 
 /// The node annotation HAMi reads.
@@ -249,42 +251,6 @@ pub fn decode_devices(value: &str) -> Result<Vec<Vec<Grant>>, String> {
     Ok(containers)
 }
 
-/// The node's devices with the usage of every non-terminal pod HAMi placed on
-/// `node` (`hami.io/vgpu-node`), from their allocated annotation. Entries of
-/// unknown ids and pods whose annotation does not decode are ignored, as HAMi
-/// does (it logs them).
-pub fn node_usage<'a>(
-    devices: &[NodeDevice],
-    node: &str,
-    pods: impl IntoIterator<Item = &'a Value>,
-) -> Vec<DeviceUsage> {
-    let mut out: Vec<DeviceUsage> = devices
-        .iter()
-        .map(|d| DeviceUsage {
-            device: d.clone(),
-            usage: Usage::default(),
-        })
-        .collect();
-    for pod in pods {
-        let annotations = &pod["metadata"]["annotations"];
-        let phase = pod["status"]["phase"].as_str().unwrap_or("");
-        if annotations[VGPU_NODE_KEY] != node || matches!(phase, "Succeeded" | "Failed") {
-            continue;
-        }
-        let Some(Ok(containers)) = annotations[ALLOCATED_KEY].as_str().map(decode_devices) else {
-            continue;
-        };
-        for grant in containers.iter().flatten() {
-            if let Some(d) = out.iter_mut().find(|d| d.device.id == grant.id) {
-                d.usage.used += 1;
-                d.usage.mem_mib += i64::from(grant.mem_mib);
-                d.usage.cores += i64::from(grant.cus);
-            }
-        }
-    }
-    out
-}
-
 /// CUs HAMi grants for `pct` percent of `devcore`: rounded down, at least 1,
 /// at most the device.
 pub fn cores_for(devcore: i32, pct: u32) -> i64 {
@@ -292,14 +258,17 @@ pub fn cores_for(devcore: i32, pct: u32) -> i64 {
     (total * i64::from(pct) / 100).clamp(1, total.max(1))
 }
 
-/// Places every request on `devices` (updating their usage), in order; the
-/// grants per container.
+/// Places a pod's AMD requests (init containers first) on a node whose
+/// devices are `devices`, as HAMi's `scoreNode` does: each init container on
+/// a fresh copy of the node, the app containers one after the other on one
+/// more copy that ignores the init containers' use. The grants per
+/// container, init containers first.
 ///
 /// # Errors
 /// The first container that does not fit, with every device's reason.
 pub fn fit(
     node: &str,
-    devices: &mut [DeviceUsage],
+    devices: &[DeviceUsage],
     requests: &[ContainerRequest],
     selection: &Selection,
 ) -> Result<Vec<Vec<Grant>>, FilterError> {
@@ -307,28 +276,26 @@ pub fn fit(
         return Err(FilterError::NoAmdRequest);
     }
     let mut grants = Vec::with_capacity(requests.len());
-    for request in requests {
-        let taken = fit_container(node, devices, request, selection)?;
-        let mut container = Vec::with_capacity(taken.len());
-        for (i, grant) in taken {
-            let usage = &mut devices[i].usage;
-            usage.used += 1;
-            usage.mem_mib += i64::from(grant.mem_mib);
-            usage.cores += i64::from(grant.cus);
-            container.push(grant);
-        }
-        grants.push(container);
+    for request in requests.iter().filter(|r| r.init) {
+        let mut copy = devices.to_vec();
+        grants.push(fit_container(node, &mut copy, request, selection)?);
+    }
+    let mut apps = devices.to_vec();
+    for request in requests.iter().filter(|r| !r.init) {
+        grants.push(fit_container(node, &mut apps, request, selection)?);
     }
     Ok(grants)
 }
 
-/// The devices (index into `devices`, grant) one container gets.
+/// One container's Fit on the node copy `devices`: sorted in place, scanned,
+/// and the grants added to the copy's usage.
 fn fit_container(
     node: &str,
-    devices: &[DeviceUsage],
+    devices: &mut [DeviceUsage],
     request: &ContainerRequest,
     selection: &Selection,
-) -> Result<Vec<(usize, Grant)>, FilterError> {
+) -> Result<Vec<Grant>, FilterError> {
+    order::sort(devices, &selection.order);
     let amd: Vec<usize> = (0..devices.len())
         .filter(|&i| devices[i].device.device_type.to_lowercase().contains("amd"))
         .collect();
@@ -340,72 +307,40 @@ fn fit_container(
             have: amd.len(),
         });
     }
-    let order = scan_order(devices, &amd, request, selection.policy);
+    let wanted = usize::try_from(request.nums).unwrap_or(usize::MAX);
     let mut taken = Vec::new();
     let mut rejections = Vec::new();
-    for i in order {
-        let d = &devices[i];
-        match check(d, request, selection) {
+    for &i in amd.iter().rev() {
+        match check(&devices[i], request, selection) {
             Ok(grant) => taken.push((i, grant)),
             Err(reason) => rejections.push(CardRejection {
-                id: d.device.id.clone(),
+                id: devices[i].device.id.clone(),
                 reason,
             }),
         }
-        if taken.len() == usize::try_from(request.nums).unwrap_or(usize::MAX) {
-            return Ok(taken);
+        if taken.len() == wanted {
+            break;
         }
     }
-    Err(FilterError::NoFit {
-        container: request.container.clone(),
-        asked: request.nums,
-        found: u32::try_from(taken.len()).unwrap_or(u32::MAX),
-        considered: amd.len(),
-        rejections,
-    })
-}
-
-/// The AMD devices in the order HAMi's `Fit` tries them: sorted by score
-/// (ascending for binpack, descending for spread; ties keep register order),
-/// then scanned from the end.
-fn scan_order(
-    devices: &[DeviceUsage],
-    amd: &[usize],
-    request: &ContainerRequest,
-    policy: GpuPolicy,
-) -> Vec<usize> {
-    let mut scored: Vec<(usize, f64)> = amd
-        .iter()
-        .map(|&i| (i, score(&devices[i], request)))
-        .collect();
-    scored.sort_by(|a, b| {
-        let ord = a.1.total_cmp(&b.1);
-        match policy {
-            GpuPolicy::Binpack => ord,
-            GpuPolicy::Spread => ord.reverse(),
-        }
-    });
-    scored.into_iter().rev().map(|(i, _)| i).collect()
-}
-
-/// How full the device would be with the request: slots, CUs and memory as
-/// fractions of the device, added.
-fn score(d: &DeviceUsage, request: &ContainerRequest) -> f64 {
-    let fraction = |used: i64, total: i32| {
-        if total > 0 {
-            // Precision is irrelevant for an ordering.
-            used as f64 / f64::from(total)
-        } else {
-            1.0
-        }
-    };
-    let mem = request
-        .mem_mib
-        .map_or(i64::from(d.device.devmem), i64::from);
-    let cores = cores_for(d.device.devcore, request.cores_pct);
-    fraction(d.usage.used + 1, d.device.count)
-        + fraction(d.usage.cores + cores, d.device.devcore)
-        + fraction(d.usage.mem_mib + mem, d.device.devmem)
+    if taken.len() < wanted {
+        return Err(FilterError::NoFit {
+            container: request.container.clone(),
+            asked: request.nums,
+            found: u32::try_from(taken.len()).unwrap_or(u32::MAX),
+            considered: amd.len(),
+            rejections,
+        });
+    }
+    Ok(taken
+        .into_iter()
+        .map(|(i, grant)| {
+            let usage = &mut devices[i].usage;
+            usage.used += 1;
+            usage.mem_mib += i64::from(grant.mem_mib);
+            usage.cores += i64::from(grant.cus);
+            grant
+        })
+        .collect())
 }
 
 /// HAMi's per-device checks, in its order.

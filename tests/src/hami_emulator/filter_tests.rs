@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::hami_emulator::{order::DeviceOrder, usage::node_usage};
 
 const T: &str = "AMD Instinct MI300X";
 
@@ -108,23 +109,42 @@ fn usage_comes_from_live_pods_on_this_node() {
 #[test]
 fn spread_scans_from_the_end_and_avoids_used_devices() {
     let mut devices = idle(4);
-    let got = fit("n", &mut devices, &[req(1, Some(4096), 25)], &spread()).unwrap();
+    let got = fit("n", &devices, &[req(1, Some(4096), 25)], &spread()).unwrap();
     assert_eq!(
         ids(&got),
         [vec!["G3"]],
         "ties keep register order, scanned from the end"
     );
     assert_eq!((got[0][0].mem_mib, got[0][0].cus), (4096, 76));
-    assert_eq!(
-        devices[3].usage,
-        Usage {
-            used: 1,
-            mem_mib: 4096,
-            cores: 76
-        }
-    );
-    let got = fit("n", &mut devices, &[req(2, Some(4096), 25)], &spread()).unwrap();
+    devices[3].usage = Usage {
+        used: 1,
+        mem_mib: 4096,
+        cores: 76,
+    };
+    let got = fit("n", &devices, &[req(2, Some(4096), 25)], &spread()).unwrap();
     assert_eq!(ids(&got), [vec!["G2", "G1"]], "the least used first");
+}
+
+#[test]
+fn app_containers_see_each_other_and_init_containers_see_neither() {
+    let devices = idle(2);
+    let init = ContainerRequest {
+        init: true,
+        ..req(1, Some(4096), 50)
+    };
+    let pod = [
+        init.clone(),
+        init,
+        req(1, Some(4096), 50),
+        req(1, Some(4096), 50),
+    ];
+    let got = fit("n", &devices, &pod, &spread()).unwrap();
+    assert_eq!(
+        ids(&got),
+        [vec!["G1"], vec!["G1"], vec!["G1"], vec!["G0"]],
+        "each init container on a fresh copy; the second app container \
+         avoids the first, not the init containers"
+    );
 }
 
 #[test]
@@ -136,23 +156,38 @@ fn binpack_prefers_the_fullest_device() {
         cores: 38,
     };
     let binpack = Selection {
-        policy: GpuPolicy::Binpack,
+        order: DeviceOrder::Binpack,
         ..Selection::default()
     };
-    let got = fit("n", &mut devices, &[req(1, Some(1024), 10)], &binpack).unwrap();
+    let got = fit("n", &devices, &[req(1, Some(1024), 10)], &binpack).unwrap();
     assert_eq!(ids(&got), [vec!["G1"]]);
 }
 
 #[test]
+fn the_score_ignores_the_request() {
+    // A large GPU with one container on it and a small idle one: counted
+    // with the request, the small one would be the fuller after placement
+    // and spread would pick the large one; HAMi scores the use only.
+    let mut devices = idle(2);
+    devices[0].usage.used = 1;
+    devices[1].device.devmem = 16_384;
+    devices[1].device.devcore = 60;
+    let got = fit("n", &devices, &[req(1, Some(8192), 50)], &spread()).unwrap();
+    assert_eq!(ids(&got), [vec!["G1"]], "G0 scores 1.0, G1 0");
+}
+
+#[test]
 fn a_whole_gpu_is_recorded_as_all_of_it_and_containers_share() {
-    let mut devices = idle(1);
-    let got = fit("n", &mut devices, &[req(1, None, 100)], &spread()).unwrap();
+    let devices = idle(1);
+    let got = fit("n", &devices, &[req(1, None, 100)], &spread()).unwrap();
     assert_eq!((got[0][0].mem_mib, got[0][0].cus), (196_608, 304));
-    let mut devices = idle(1);
     let two = [req(1, Some(2048), 25), req(1, Some(2048), 50)];
-    let got = fit("n", &mut devices, &two, &spread()).unwrap();
+    let got = fit("n", &devices, &two, &spread()).unwrap();
     assert_eq!(ids(&got), [vec!["G0"], vec!["G0"]]);
-    assert_eq!(devices[0].usage.cores, 76 + 152);
+    assert_eq!((got[0][0].cus, got[1][0].cus), (76, 152));
+    let three = [req(1, None, 50), req(1, None, 50), req(1, None, 1)];
+    let err = fit("n", &devices, &three, &spread()).unwrap_err();
+    assert!(err.to_string().contains("CardInsufficientMemory"), "{err}");
 }
 
 #[test]
@@ -160,7 +195,7 @@ fn too_little_memory_names_each_device() {
     let mut devices = idle(2);
     devices[0].usage.mem_mib = 196_608 - 4096;
     devices[1].usage.mem_mib = 196_608 - 4096;
-    let err = fit("n", &mut devices, &[req(1, Some(8192), 10)], &spread()).unwrap_err();
+    let err = fit("n", &devices, &[req(1, Some(8192), 10)], &spread()).unwrap_err();
     let FilterError::NoFit { rejections, .. } = &err else {
         panic!("{err:?}")
     };
@@ -194,7 +229,7 @@ fn each_check_gives_hamis_reason() {
         nouse_uuids: vec!["banned".into()],
         ..Selection::default()
     };
-    let err = fit("n", &mut devices, &[req(1, Some(1), 25)], &selection).unwrap_err();
+    let err = fit("n", &devices, &[req(1, Some(1), 25)], &selection).unwrap_err();
     let FilterError::NoFit { rejections, .. } = err else {
         panic!("{err:?}")
     };
@@ -220,7 +255,7 @@ fn each_check_gives_hamis_reason() {
 #[test]
 fn count_beyond_the_node_and_partial_fits() {
     let mut devices = idle(2);
-    let err = fit("n", &mut devices, &[req(3, None, 100)], &spread()).unwrap_err();
+    let err = fit("n", &devices, &[req(3, None, 100)], &spread()).unwrap_err();
     assert!(matches!(
         err,
         FilterError::TooFewDevices {
@@ -231,7 +266,7 @@ fn count_beyond_the_node_and_partial_fits() {
     ));
     assert!(err.to_string().contains("NodeInsufficientDevice"), "{err}");
     devices[0].usage.used = 10;
-    let err = fit("n", &mut devices, &[req(2, None, 100)], &spread()).unwrap_err();
+    let err = fit("n", &devices, &[req(2, None, 100)], &spread()).unwrap_err();
     assert!(
         matches!(err, FilterError::NoFit { found: 1, .. }),
         "{err:?}"
@@ -242,7 +277,7 @@ fn count_beyond_the_node_and_partial_fits() {
         "{err}"
     );
     assert_eq!(
-        fit("n", &mut devices, &[], &spread()).unwrap_err(),
+        fit("n", &devices, &[], &spread()).unwrap_err(),
         FilterError::NoAmdRequest
     );
 }
@@ -251,7 +286,7 @@ fn count_beyond_the_node_and_partial_fits() {
 fn only_devices_whose_type_says_amd_count() {
     let mut devices = idle(2);
     devices[1].device.device_type = "gpu".into();
-    let err = fit("n", &mut devices, &[req(2, None, 100)], &spread()).unwrap_err();
+    let err = fit("n", &devices, &[req(2, None, 100)], &spread()).unwrap_err();
     assert!(matches!(err, FilterError::TooFewDevices { have: 1, .. }));
 }
 

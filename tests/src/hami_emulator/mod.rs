@@ -10,14 +10,17 @@
 //! [`filter`]).
 
 pub mod filter;
+pub mod order;
 pub mod request;
+pub mod usage;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use self::{
-    filter::{FilterError, REGISTER_KEY, decode_register, fit, node_usage},
+    filter::{FilterError, REGISTER_KEY, decode_register, fit},
     request::{ContainerRequest, GpuPolicy, Selection},
+    usage::node_usage,
 };
 use crate::apiserver::{FakeApiServer, Kind, rfc3339};
 
@@ -93,9 +96,9 @@ impl HamiEmulator {
             message: e.to_string(),
         })?;
         let requests = request::requests(&pod)?;
-        let mut usage = node_usage(&devices, &self.node, &api.list(Kind::Pod));
+        let usage = node_usage(&devices, &self.node, &api.list(Kind::Pod));
         let selection = Selection::of(&pod, policy);
-        let grants = fit(&self.node, &mut usage, &requests, &selection)?;
+        let grants = fit(&self.node, &usage, &requests, &selection)?;
         Ok(Placement { requests, grants })
     }
 

@@ -9,6 +9,8 @@ use k8s_openapi::{
     apimachinery::pkg::api::resource::Quantity,
 };
 
+use super::order::DeviceOrder;
+
 /// The count resource.
 pub const GPU: &str = "amd.com/gpu";
 /// Percent of each GPU's CUs.
@@ -74,11 +76,22 @@ pub enum GpuPolicy {
     Binpack,
 }
 
+impl GpuPolicy {
+    /// The value of `--gpu-scheduler-policy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Spread => "spread",
+            Self::Binpack => "binpack",
+        }
+    }
+}
+
 /// The pod's annotations that steer device selection.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selection {
-    pub policy: GpuPolicy,
-    /// `mutex`: only GPUs no one uses.
+    /// How the devices are sorted, from the policy string.
+    pub order: DeviceOrder,
+    /// `mutex` among the policies: only GPUs no one uses.
     pub mutex: bool,
     pub use_types: Vec<String>,
     pub nouse_types: Vec<String>,
@@ -87,7 +100,8 @@ pub struct Selection {
 }
 
 impl Selection {
-    /// The pod's selection; `default` when it names no `binpack` or `spread`.
+    /// The pod's selection: its `hami.io/gpu-scheduler-policy`, or HAMi's
+    /// configured `default` when it carries none.
     pub fn of(pod: &Pod, default: GpuPolicy) -> Self {
         let annotations = pod.metadata.annotations.clone().unwrap_or_default();
         let list = |key: &str| -> Vec<String> {
@@ -102,18 +116,12 @@ impl Selection {
                 })
                 .unwrap_or_default()
         };
-        let policies = list(GPU_POLICY);
-        let has = |p: &str| policies.iter().any(|x| x.eq_ignore_ascii_case(p));
-        let policy = if has("binpack") {
-            GpuPolicy::Binpack
-        } else if has("spread") {
-            GpuPolicy::Spread
-        } else {
-            default
-        };
+        let policy = annotations
+            .get(GPU_POLICY)
+            .map_or(default.name(), String::as_str);
         Self {
-            policy,
-            mutex: has("mutex"),
+            order: DeviceOrder::of(policy),
+            mutex: policy.split(',').any(|p| p.trim() == "mutex"),
             use_types: list(USE_TYPE),
             nouse_types: list(NOUSE_TYPE),
             use_uuids: list(USE_UUID),
@@ -276,6 +284,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::hami_emulator::order::SortKey;
 
     fn pod(value: serde_json::Value) -> Pod {
         serde_json::from_value(value).unwrap()
@@ -374,8 +383,18 @@ mod tests {
             "annotations": {GPU_POLICY: "binpack,mutex", USE_TYPE: "mi300", NOUSE_UUID: "b, c"}}}),
         );
         let s = Selection::of(&p, GpuPolicy::Spread);
-        assert_eq!((s.policy, s.mutex), (GpuPolicy::Binpack, true));
+        assert_eq!(
+            (&s.order, s.mutex),
+            (&DeviceOrder::Chain(vec![SortKey::Binpack]), true)
+        );
         assert!(s.type_ok("AMD Instinct MI300X") && !s.type_ok("AMD Radeon RX 9070 XT"));
         assert!(s.uuid_ok("a") && !s.uuid_ok("c"));
+        let plain = pod(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}));
+        let s = Selection::of(&plain, GpuPolicy::Binpack);
+        assert_eq!((s.order, s.mutex), (DeviceOrder::Binpack, false));
+        let alone = pod(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "annotations": {GPU_POLICY: "mutex"}}}));
+        let s = Selection::of(&alone, GpuPolicy::Binpack);
+        assert_eq!((s.order, s.mutex), (DeviceOrder::Mutex, true));
     }
 }
