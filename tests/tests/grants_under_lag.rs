@@ -152,6 +152,9 @@ struct LivePod {
     name: String,
     ids: Vec<String>,
     held: Vec<Held>,
+    /// Ids of its init containers that later containers take first, as
+    /// kubelet's device manager reuses them (`devicesToReuse`).
+    reusable: Vec<String>,
 }
 
 /// One node's schedule.
@@ -289,6 +292,7 @@ impl<'a> Driver<'a> {
             name: name.clone(),
             ids: Vec::new(),
             held: Vec::new(),
+            reusable: Vec::new(),
         };
         let mut allocated = Vec::new();
         for (request, grants) in placement.requests.iter().zip(&placement.grants) {
@@ -308,7 +312,12 @@ impl<'a> Driver<'a> {
         grants: &[Grant],
         round: usize,
     ) -> Vec<String> {
-        let ids = self.choose_ids(grants.len()).await;
+        let reused = grants.len().min(pod.reusable.len());
+        let mut ids: Vec<String> = pod.reusable.drain(..reused).collect();
+        ids.extend(self.choose_ids(grants.len() - reused).await);
+        if request.init {
+            pod.reusable.extend(ids.iter().cloned());
+        }
         let answer = self.node.kubelet.allocate(ids.clone()).await;
         let answer = answer.unwrap_or_else(|status| {
             let (name, container) = (&pod.name, &request.container);

@@ -101,6 +101,14 @@ impl AllocateError {
     }
 }
 
+/// `why` a slice cannot be had, with the pods holding CUs on its GPU.
+fn held_by(why: String, holders: Option<&Vec<String>>) -> String {
+    match holders {
+        Some(pods) if !pods.is_empty() => format!("{why}; CUs held by {}", pods.join(", ")),
+        _ => why,
+    }
+}
+
 /// Tags a `Result<_, String>` with a reason.
 trait Because<T> {
     fn because(self, reason: Reason) -> Result<T, AllocateError>;
@@ -277,7 +285,11 @@ impl Allocator {
             },
             planned => planned,
         };
-        let (answer, annotations, complete) = planned?;
+        let (answer, annotations, complete) = planned.inspect_err(|err| {
+            if err.reason == Reason::Slice {
+                self.report_conflict(pod, &err.message);
+            }
+        })?;
         let written = self
             .patch_pod(pod, annotations)
             .await
@@ -344,6 +356,7 @@ impl Allocator {
             .ours
             .with_recorded(|ours| self.claims.rebuild(pods, &totals, ours));
         self.report_distrust(occupancy.distrusted);
+        let holders = occupancy.holders;
         let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
         let mut slices = Vec::with_capacity(entry.len());
         for device in entry {
@@ -363,10 +376,25 @@ impl Allocator {
                 .get(&gpu.bdf)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let slice = response::slice(gpu, parts, device, &mut maps, reuse);
+            let slice = response::slice(gpu, parts, device, &mut maps, reuse)
+                .map_err(|why| held_by(why, holders.get(&device.uuid)));
             slices.push(slice.because(Reason::Slice)?);
         }
         Ok(slices)
+    }
+
+    /// A Warning Event on `pod` when its grant cannot be had without CUs
+    /// other pods hold (HAMi counted the node otherwise): the container does
+    /// not start rather than share CUs.
+    fn report_conflict(&self, pod: &Pod, message: &str) {
+        let regarding = Regarding::Pod {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+        };
+        let note = format!("not started rather than share CUs: {message}");
+        self.events
+            .warning(&regarding, "CuConflict", "Allocate", note);
     }
 
     /// One Warning Event per forged claim (pod and value) on the pod.

@@ -77,6 +77,8 @@ pub struct Distrust {
 pub struct Occupancy {
     pub maps: HashMap<String, CuBitmap>,
     pub distrusted: Vec<Distrust>,
+    /// Per GPU, the pods (`namespace/name`) whose claims count on it.
+    pub holders: HashMap<String, Vec<String>>,
 }
 
 /// One pod's claim on one GPU, judged against what HAMi granted the pod.
@@ -164,7 +166,12 @@ impl Claims {
             .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
             .collect();
         let mut distrusted = Vec::new();
+        let mut holders: HashMap<String, Vec<String>> = HashMap::new();
         for (_, _, pod, judged) in ordered {
+            for gpu in counted_gpus(&judged.claims) {
+                let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+                holders.entry(gpu.to_owned()).or_default().push(who);
+            }
             let problems = apply(&judged.claims, &mut maps);
             if let (false, Some(value)) = (problems.is_empty(), &judged.value) {
                 distrusted.push(distrust(pod, value, problems.join("; ")));
@@ -173,6 +180,7 @@ impl Claims {
         Occupancy {
             maps: maps.into_iter().collect(),
             distrusted,
+            holders,
         }
     }
 }
@@ -236,6 +244,14 @@ fn judge_gpu(pod: &Pod, granted: &HashMap<String, u32>, gpu: &str, list: &CuList
         cus,
         spare_problem,
     }
+}
+
+/// The GPUs on which a judged claim counts.
+fn counted_gpus(claims: &Result<Vec<GpuClaim>, String>) -> impl Iterator<Item = &str> {
+    claims.iter().flatten().filter_map(|claim| match claim {
+        GpuClaim::Counted { gpu, cus, .. } if !cus.is_empty() => Some(gpu.as_str()),
+        _ => None,
+    })
 }
 
 /// Claims a judged claim's CUs in `maps`; returns why parts were left out.

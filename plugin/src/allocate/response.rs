@@ -11,7 +11,7 @@ use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 use super::{AllocateConfig, reuse::Reuse};
 use crate::{
-    cu::{CuBitmap, GpuSlice, render_env},
+    cu::{CuBitmap, CuError, GpuSlice, render_env},
     hami::ContainerDevice,
 };
 
@@ -28,6 +28,8 @@ const MIB: u64 = 1024 * 1024;
 pub struct Slice {
     pub id: String,
     pub env: GpuSlice,
+    /// The CUs the pod holds for it: the slice, or every CU of a whole GPU.
+    pub claimed: Vec<Range<u32>>,
     pub card_minor: Option<u32>,
     pub render_minor: Option<u32>,
     /// The device's name in amd-gpud's CDI spec (its partition's PCI address).
@@ -35,10 +37,6 @@ pub struct Slice {
 }
 
 impl Slice {
-    pub fn cus(&self) -> Option<&Vec<Range<u32>>> {
-        self.env.cus.as_ref()
-    }
-
     fn sliced(&self) -> bool {
         self.env.cus.is_some() || self.env.memory_mib.is_some()
     }
@@ -56,17 +54,28 @@ pub fn slice(
     maps: &mut HashMap<String, CuBitmap>,
     reuse: &mut Reuse,
 ) -> Result<Slice, String> {
+    let map = maps
+        .get_mut(&device.uuid)
+        .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
     let whole_cus = device.usedcores >= gpu.compute_units;
-    let cus = if whole_cus {
-        None
+    // A whole GPU is claimed whole too: HAMi's usage count can miss a pod
+    // (hami-protocol §4.2), so neither side may take the other's CUs.
+    let claimed = if whole_cus && gpu.compute_units == 0 {
+        Vec::new()
+    } else if whole_cus {
+        reuse
+            .choose(map, gpu.compute_units, 1)
+            .map_err(|e| match e {
+                CuError::NotEnoughFree { gpu: id, free, .. } => format!(
+                    "HAMi granted GPU {id} whole, but only {free} of its {} CUs are free",
+                    gpu.compute_units
+                ),
+                other => other.to_string(),
+            })?
     } else {
-        let map = maps
-            .get_mut(&device.uuid)
-            .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
-        let ranges = reuse
+        reuse
             .choose(map, device.usedcores, gpu.cus_per_wgp)
-            .map_err(|e| e.to_string())?;
-        Some(ranges)
+            .map_err(|e| e.to_string())?
     };
     let vram_mib = gpu.vram_bytes / MIB;
     let memory = u64::from(device.usedmem);
@@ -78,9 +87,10 @@ pub fn slice(
             kfd_node: first.map_or(0, |p| p.kfd_node),
             cu_count: gpu.compute_units,
             cus_per_wgp: gpu.cus_per_wgp,
-            cus,
+            cus: (!whole_cus).then(|| claimed.clone()),
             memory_mib: (memory > 0 && memory < vram_mib).then_some(memory),
         },
+        claimed,
         card_minor: first.and_then(|p| u32::try_from(p.card_minor).ok()),
         render_minor: first.map(|p| p.render_minor).filter(|m| *m > 0),
         cdi_name: first.map(|p| p.bdf.clone()),

@@ -26,18 +26,16 @@ pub(super) fn write_back(
         .get(CU_ALLOCATED_KEY)
         .and_then(|v| parse_cu_allocated(v).ok())
         .unwrap_or_else(|| CuAllocated(Default::default()));
-    for s in slices {
-        if let Some(ranges) = s.cus() {
-            let earlier: Vec<u32> = claims
-                .0
-                .get(&s.id)
-                .map(|l| l.iter().collect())
-                .unwrap_or_default();
-            let all = earlier
-                .into_iter()
-                .chain(ranges.iter().flat_map(Clone::clone));
-            claims.0.insert(s.id.clone(), CuList::from_indices(all));
-        }
+    for s in slices.iter().filter(|s| !s.claimed.is_empty()) {
+        let earlier: Vec<u32> = claims
+            .0
+            .get(&s.id)
+            .map(|l| l.iter().collect())
+            .unwrap_or_default();
+        let all = earlier
+            .into_iter()
+            .chain(s.claimed.iter().flat_map(Clone::clone));
+        claims.0.insert(s.id.clone(), CuList::from_indices(all));
     }
     let remaining =
         parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?;
