@@ -26,7 +26,7 @@ use tests::{
     stack,
 };
 
-use common::cluster::{LIMIT, add_node, add_pod, admin, apply_chart, eventually};
+use common::cluster::{LIMIT, add_node, add_pod, admin, apply_chart, eventually, hami_binds};
 
 #[test]
 fn the_real_scheduler_binds_a_pod_to_a_registered_node() {
@@ -176,51 +176,6 @@ fn the_plugin_registers_its_node_through_the_real_api_server() {
             back.elapsed()
         );
     });
-}
-
-/// HAMi's Filter and Bind for pod `default/<name>` granted `cus` CUs and
-/// `mem` MiB of `gpu` (a register device), written as HAMi's scheduler
-/// writes them: the pod with its annotations, the node lock, the binding.
-fn hami_binds(cluster: &RealCluster, name: &str, node: &str, gpu: &Value, (cus, mem): (u32, u32)) {
-    let grant = tests::hami_emulator::Grant {
-        id: gpu["id"].as_str().unwrap().to_owned(),
-        device_type: gpu["type"].as_str().unwrap().to_owned(),
-        mem_mib: mem,
-        cus,
-    };
-    let entry = tests::hami_emulator::encode(&[vec![grant]]);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": {
-            "hami.io/vgpu-node": node, "hami.io/vgpu-time": now.to_string(),
-            "hami.io/amd-devices-to-allocate": entry, "hami.io/amd-devices-allocated": entry,
-            "hami.io/bind-phase": "allocating", "hami.io/bind-time": now.to_string()}},
-        "spec": {"containers": [{"name": "c", "image": "rocm",
-                                 "resources": {"limits": {"amd.com/gpu": "1"}}}]}});
-    let (code, answer) = cluster
-        .request_as(
-            ADMIN_TOKEN,
-            "POST",
-            "/api/v1/namespaces/default/pods",
-            Some(&pod.to_string()),
-        )
-        .unwrap();
-    assert_eq!(code, 201, "{answer}");
-    let lock = format!("{},default,{name}", tests::apiserver::rfc3339(now));
-    let patch = json!({"metadata": {"annotations": {"hami.io/mutex.lock": lock}}}).to_string();
-    let (code, answer) = cluster
-        .merge_patch_as(ADMIN_TOKEN, &format!("/api/v1/nodes/{node}"), &patch)
-        .unwrap();
-    assert_eq!(code, 200, "{answer}");
-    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
-    let path = format!("/api/v1/namespaces/default/pods/{name}/binding");
-    let (code, answer) = cluster
-        .request_as(ADMIN_TOKEN, "POST", &path, Some(&binding.to_string()))
-        .unwrap();
-    assert_eq!(code, 201, "{answer}");
 }
 
 /// One Allocate through the real API server, counted by its audit log: on

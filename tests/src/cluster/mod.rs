@@ -13,6 +13,7 @@
 
 pub mod chart;
 mod files;
+pub mod setup;
 
 use std::{
     fs::File,
@@ -390,9 +391,23 @@ impl RealCluster {
 
     /// The audit log's events (one JSON object per request) so far.
     pub fn audit_events(&self) -> Vec<serde_json::Value> {
-        let text =
-            std::fs::read_to_string(self.dir.path().join(files::AUDIT_LOG)).unwrap_or_default();
-        text.lines()
+        self.audit_events_since(0)
+    }
+
+    /// Where the audit log ends now, for [`Self::audit_events_since`].
+    pub fn audit_offset(&self) -> u64 {
+        std::fs::metadata(self.dir.path().join(files::AUDIT_LOG)).map_or(0, |m| m.len())
+    }
+
+    /// The audit log's events written after `offset` (an
+    /// [`Self::audit_offset`]).
+    pub fn audit_events_since(&self, offset: u64) -> Vec<serde_json::Value> {
+        let text = std::fs::read(self.dir.path().join(files::AUDIT_LOG)).unwrap_or_default();
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(text.len());
+        String::from_utf8_lossy(&text[start..])
+            .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()
     }

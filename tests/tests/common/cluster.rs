@@ -3,13 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, Client,
-    api::{Patch, PatchParams, PostParams},
-};
+use kube::Client;
 use serde_json::{Value, json};
-use tests::cluster::{ADMIN_TOKEN, RealCluster, chart};
+use tests::cluster::{ADMIN_TOKEN, RealCluster, setup};
 
 /// The first test of a fresh machine builds the components (minutes).
 pub const LIMIT: Duration = Duration::from_secs(1500);
@@ -19,36 +15,9 @@ pub async fn admin(cluster: &RealCluster) -> Client {
     Client::try_from(config).unwrap()
 }
 
-/// A Node as kubelet would register it: capacity and a Ready condition,
-/// without the not-ready taint.
+/// A Node as kubelet would register it (see [`setup::add_node`]).
 pub async fn add_node(client: &Client, name: &str) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = json!({"apiVersion": "v1", "kind": "Node",
-                      "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}});
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(node).unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = json!({"status": {
-        "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-        "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "simulated", "lastHeartbeatTime": null}],
-    }});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-    // What the node lifecycle controller (kube-controller-manager, not run)
-    // does once the node is Ready: lift the not-ready taint admission put on.
-    let untainted = json!({"spec": {"taints": null}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&untainted))
-        .await
-        .unwrap();
+    setup::add_node(client, name).await.unwrap();
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, for at most `limit`.
@@ -72,28 +41,55 @@ pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
 
 /// A pod bound to `node` (as kube-scheduler would have bound it).
 pub fn add_pod(cluster: &RealCluster, namespace: &str, name: &str, node: &str, account: &str) {
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": name, "namespace": namespace},
-                     "spec": {"nodeName": node, "serviceAccountName": account,
-                              "containers": [{"name": "c", "image": "busybox"}]}});
-    let path = format!("/api/v1/namespaces/{namespace}/pods");
-    let (code, answer) = cluster
-        .request_as(ADMIN_TOKEN, "POST", &path, Some(&pod.to_string()))
-        .unwrap();
-    assert_eq!(code, 201, "creating {namespace}/{name}: {answer}");
+    setup::add_pod(cluster, namespace, name, node, account).unwrap();
 }
 
-/// Applies the chart (its policy on), all but the DaemonSet (no kubelet
-/// runs its pods here).
+/// Applies the chart (its policy on), all but the DaemonSet.
 pub fn apply_chart(cluster: &RealCluster) -> Vec<Value> {
-    let objects = chart::render(&[("validatingAdmissionPolicy.enabled", "true")]).unwrap();
-    for object in objects.iter().filter(|o| o["kind"] != "DaemonSet") {
-        let (code, answer) = cluster.apply(object).unwrap();
-        assert!(
-            code == 200 || code == 201,
-            "applying {}: {code} {answer}",
-            object["kind"]
-        );
-    }
-    objects
+    setup::apply_chart(cluster).unwrap()
+}
+
+/// HAMi's Filter and Bind for pod `default/<name>` granted `cus` CUs and
+/// `mem` MiB of `gpu` (a register device), written as HAMi's scheduler
+/// writes them: the pod with its annotations, the node lock, the binding.
+pub fn hami_binds(cluster: &RealCluster, name: &str, node: &str, gpu: &Value, (cus, mem): (u32, u32)) {
+    let grant = tests::hami_emulator::Grant {
+        id: gpu["id"].as_str().unwrap().to_owned(),
+        device_type: gpu["type"].as_str().unwrap().to_owned(),
+        mem_mib: mem,
+        cus,
+    };
+    let entry = tests::hami_emulator::encode(&[vec![grant]]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": {
+            "hami.io/vgpu-node": node, "hami.io/vgpu-time": now.to_string(),
+            "hami.io/amd-devices-to-allocate": entry, "hami.io/amd-devices-allocated": entry,
+            "hami.io/bind-phase": "allocating", "hami.io/bind-time": now.to_string()}},
+        "spec": {"containers": [{"name": "c", "image": "rocm",
+                                 "resources": {"limits": {"amd.com/gpu": "1"}}}]}});
+    let (code, answer) = cluster
+        .request_as(
+            ADMIN_TOKEN,
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            Some(&pod.to_string()),
+        )
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
+    let lock = format!("{},default,{name}", tests::apiserver::rfc3339(now));
+    let patch = json!({"metadata": {"annotations": {"hami.io/mutex.lock": lock}}}).to_string();
+    let (code, answer) = cluster
+        .merge_patch_as(ADMIN_TOKEN, &format!("/api/v1/nodes/{node}"), &patch)
+        .unwrap();
+    assert_eq!(code, 200, "{answer}");
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+    let path = format!("/api/v1/namespaces/default/pods/{name}/binding");
+    let (code, answer) = cluster
+        .request_as(ADMIN_TOKEN, "POST", &path, Some(&binding.to_string()))
+        .unwrap();
+    assert_eq!(code, 201, "{answer}");
 }
