@@ -4,7 +4,10 @@
 
 use std::{fs, io, path::Path, process::Command};
 
-use super::ADMIN_TOKEN;
+use super::{
+    ADMIN_TOKEN,
+    kubelet::{KUBELET_NODE, KUBELET_TOKEN},
+};
 
 pub const TOKENS: &str = "tokens.csv";
 pub const SA_KEY: &str = "service-account.key";
@@ -22,10 +25,13 @@ const AUDIT: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [Req
 /// # Errors
 /// When a file cannot be written or `openssl` fails.
 pub fn write_all(dir: &Path) -> io::Result<()> {
-    // token,user,uid,"group1,group2"
+    // token,user,uid,"group1,group2"; the kubelet's identity is its node's.
     fs::write(
         dir.join(TOKENS),
-        format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n"),
+        format!(
+            "{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n\
+             {KUBELET_TOKEN},system:node:{KUBELET_NODE},kubelet-uid,\"system:nodes\"\n"
+        ),
     )?;
     fs::write(dir.join(AUDIT_POLICY), AUDIT)?;
     let key = dir.join(SA_KEY);

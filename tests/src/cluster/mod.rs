@@ -13,6 +13,7 @@
 
 pub mod chart;
 mod files;
+pub mod kubelet;
 pub mod setup;
 
 use std::{
@@ -94,18 +95,8 @@ impl RealCluster {
         };
         cluster.start_etcd()?;
         cluster.start_apiserver()?;
-        // What kube-controller-manager (not run) would do first: the
-        // `default` ServiceAccount that admission looks up for every pod.
         for namespace in ["default", "kube-system"] {
-            let account =
-                r#"{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default"}}"#;
-            let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts");
-            let (code, body) = cluster.request_as(ADMIN_TOKEN, "POST", &path, Some(account))?;
-            if code != 201 {
-                return Err(io::Error::other(format!(
-                    "creating {namespace}/default: {code} {body}"
-                )));
-            }
+            cluster.publish_namespace_defaults(namespace)?;
         }
         let kubeconfig = cluster.kubeconfig("admin", ADMIN_TOKEN)?;
         files::write_scheduler_config(cluster.dir.path(), &kubeconfig)?;
@@ -114,6 +105,43 @@ impl RealCluster {
             .processes
             .insert(0, ("kube-scheduler".into(), scheduler));
         Ok(cluster)
+    }
+
+    /// What kube-controller-manager (not run) puts in each namespace: the
+    /// `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap that
+    /// every pod's projected API token volume mounts (kubelet does not start
+    /// a pod without it).
+    fn publish_namespace_defaults(&self, namespace: &str) -> io::Result<()> {
+        let ca = std::fs::read_to_string(self.dir.path().join("certs/apiserver.crt"))?;
+        let objects = [
+            (
+                "serviceaccounts",
+                serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                                   "metadata": {"name": "default"}}),
+            ),
+            (
+                "configmaps",
+                serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                   "metadata": {"name": "kube-root-ca.crt"},
+                                   "data": {"ca.crt": ca}}),
+            ),
+        ];
+        for (resource, object) in objects {
+            let path = format!("/api/v1/namespaces/{namespace}/{resource}");
+            let body = object.to_string();
+            let (code, answer) = self.request_as(ADMIN_TOKEN, "POST", &path, Some(&body))?;
+            if code != 201 {
+                return Err(io::Error::other(format!(
+                    "creating {resource} in {namespace}: {code} {answer}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory of the built binaries.
+    pub fn bin(&self) -> &Path {
+        &self.bin
     }
 
     fn spawn(&self, name: &str, args: &[String]) -> io::Result<Process> {

@@ -52,7 +52,13 @@ pub fn apply_chart(cluster: &RealCluster) -> Vec<Value> {
 /// HAMi's Filter and Bind for pod `default/<name>` granted `cus` CUs and
 /// `mem` MiB of `gpu` (a register device), written as HAMi's scheduler
 /// writes them: the pod with its annotations, the node lock, the binding.
-pub fn hami_binds(cluster: &RealCluster, name: &str, node: &str, gpu: &Value, (cus, mem): (u32, u32)) {
+pub fn hami_binds(
+    cluster: &RealCluster,
+    name: &str,
+    node: &str,
+    gpu: &Value,
+    (cus, mem): (u32, u32),
+) {
     let grant = tests::hami_emulator::Grant {
         id: gpu["id"].as_str().unwrap().to_owned(),
         device_type: gpu["type"].as_str().unwrap().to_owned(),

@@ -1,0 +1,300 @@
+//! The real kubelet (issue 18): kubelet v1.36.3 built by
+//! `tests/cluster/build.sh`, with `recording-cri` as its runtime, registers
+//! its Node in the real API server; the plugin registers with it, kubelet
+//! publishes the plugin's devices as the Node's capacity, and a pod HAMi
+//! placed is admitted by kubelet, which calls Allocate itself, and created
+//! by the runtime with what the plugin answered. Needs root.
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use serde_json::Value;
+use tests::{
+    bus::{Policy, PrivateBus},
+    cluster::{
+        RealCluster,
+        chart::{self, NAMESPACE},
+        kubelet::{DEVICE_PLUGIN_DIR, KUBELET_NODE, KubeletVersion, RealKubelet, container_env},
+    },
+    stack,
+};
+
+use common::cluster::{LIMIT, add_pod, admin, apply_chart, eventually, hami_binds};
+
+/// The Node's capacity of `resource`, once kubelet reports one.
+async fn capacity(nodes: &Api<Node>, resource: &str) -> Option<String> {
+    let node = nodes.get(KUBELET_NODE).await.ok()?;
+    let quantity = node.status?.capacity?.get(resource)?.0.clone();
+    Some(quantity)
+}
+
+async fn ready(nodes: &Api<Node>) -> Option<()> {
+    let node = nodes.get(KUBELET_NODE).await.ok()?;
+    let conditions = node.status?.conditions?;
+    conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+        .then_some(())
+}
+
+/// amd-gpud and the plugin on the kubelet's node, the plugin with the
+/// token of the chart's ServiceAccount bound to its pod; dropped together.
+struct PluginNode {
+    _plugin: stack::Process,
+    _gpud: stack::Process,
+    _bus: PrivateBus,
+    _root: tempfile::TempDir,
+}
+
+fn plugin_node(cluster: &RealCluster) -> PluginNode {
+    let root = common::build_fixture("mi300x-8-spx");
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
+    apply_chart(cluster);
+    add_pod(cluster, NAMESPACE, "plugin", KUBELET_NODE, chart::RELEASE);
+    let token = cluster
+        .pod_token(NAMESPACE, chart::RELEASE, "plugin")
+        .unwrap();
+    let kubeconfig = cluster.kubeconfig("plugin", &token).unwrap();
+    let hook = common::world::install_hook(root.path());
+    let args = [
+        "--kube",
+        kubeconfig.to_str().unwrap(),
+        "--node-name",
+        KUBELET_NODE,
+        "--hook-path",
+        hook.as_str(),
+        "--sandbox",
+        "best-effort",
+    ];
+    let dir = Path::new(DEVICE_PLUGIN_DIR);
+    let plugin = stack::plugin(&common::fake_node_exe(), &bus, dir, args).unwrap();
+    PluginNode {
+        _plugin: plugin,
+        _gpud: gpud,
+        _bus: bus,
+        _root: root,
+    }
+}
+
+/// Waits until kubelet reports `default/<name>` Running.
+async fn wait_running(pods: &Api<Pod>, name: &str, kubelet: &RealKubelet) {
+    let start = std::time::Instant::now();
+    loop {
+        let pod = pods.get(name).await.unwrap();
+        let status = pod.status.unwrap_or_default();
+        if status.phase.as_deref() == Some("Running") {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "pod {name} not Running: {status:?}\n{}",
+            kubelet.log_tail("kubelet")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The container paths of a CreateContainer request's `field` (`mounts`,
+/// `devices`).
+fn container_paths<'a>(request: &'a Value, field: &str) -> Vec<&'a str> {
+    request["config"][field]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["containerPath"].as_str())
+        .collect()
+}
+
+/// What the runtime was asked to give `job`'s container: 76 CUs and 4 GiB
+/// of `gpu`, the memory hook, `/dev/kfd`.
+fn check_created(kubelet: &RealKubelet, gpu: &str) {
+    let created = kubelet.requests("CreateContainer");
+    let job = created
+        .iter()
+        .find(|r| r["sandboxConfig"]["metadata"]["name"] == "job")
+        .unwrap_or_else(|| panic!("no CreateContainer for job: {created:?}"));
+    let env = container_env(job);
+    let value = |key: &str| env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    assert_eq!(value("HSA_CU_MASK"), Some("0:0-75"), "{env:?}");
+    assert_eq!(value("HIP_DEVICE_MEMORY_LIMIT_0"), Some("4096m"), "{env:?}");
+    assert_eq!(value("ROCR_VISIBLE_DEVICES"), Some(gpu), "{env:?}");
+    let hook = "/usr/local/vgpu/libamvgpu.so";
+    assert_eq!(value("LD_AUDIT"), Some(hook), "{env:?}");
+    let mounts = container_paths(job, "mounts");
+    assert!(mounts.contains(&hook), "{mounts:?}");
+    let devices = container_paths(job, "devices");
+    assert!(devices.contains(&"/dev/kfd"), "{devices:?}");
+}
+
+#[test]
+fn the_real_kubelet_admits_a_pod_through_the_plugin() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, admits_a_pod(KubeletVersion::Pinned));
+}
+
+/// The same with the oldest kubelet minor still supported upstream (1.35)
+/// against the 1.36 control plane: version skew the plugin must live with.
+#[test]
+fn the_oldest_supported_kubelet_admits_a_pod_through_the_plugin() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, admits_a_pod(KubeletVersion::Oldest));
+}
+
+async fn admits_a_pod(version: KubeletVersion) {
+    let cluster = RealCluster::start().unwrap();
+    let client = admin(&cluster).await;
+    let kubelet = RealKubelet::start_version(&cluster, version).unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node_ready = || ready(&nodes);
+    eventually(
+        Duration::from_secs(60),
+        "the kubelet's Node Ready",
+        node_ready,
+    )
+    .await;
+    let _node = plugin_node(&cluster);
+
+    // kubelet publishes what ListAndWatch lists: 8 GPUs x 10 slots.
+    let gpus = || capacity(&nodes, "amd.com/gpu");
+    let count = eventually(Duration::from_secs(60), "amd.com/gpu capacity", gpus).await;
+    assert_eq!(count, "80", "{}", kubelet.log_tail("kubelet"));
+
+    let node = nodes.get(KUBELET_NODE).await.unwrap();
+    let info = node
+        .status
+        .clone()
+        .unwrap_or_default()
+        .node_info
+        .unwrap_or_default();
+    let expected = match version {
+        KubeletVersion::Pinned => "v1.36.",
+        KubeletVersion::Oldest => "v1.35.",
+    };
+    assert!(info.kubelet_version.starts_with(expected), "{info:?}");
+    let register = &node.metadata.annotations.unwrap()["hami.io/node-amd-register"];
+    let devices: Vec<Value> = serde_json::from_str(register).unwrap();
+    hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    wait_running(&pods, "job", &kubelet).await;
+    check_created(&kubelet, devices[0]["id"].as_str().unwrap());
+    let pod = pods.get("job").await.unwrap();
+    assert_eq!(
+        pod.metadata.annotations.unwrap()["hami.io/bind-phase"],
+        "success"
+    );
+}
+
+/// Kubelet's log line when a device plugin registers.
+const REGISTERED: &str = "Got registration request from device plugin";
+
+/// The CreateContainer requests for pod `name`.
+fn created_for(kubelet: &RealKubelet, name: &str) -> usize {
+    kubelet
+        .requests("CreateContainer")
+        .iter()
+        .filter(|r| r["sandboxConfig"]["metadata"]["name"] == name)
+        .count()
+}
+
+/// Restarts kubelet; how long until its device manager listened again (the
+/// floor: nothing can register before) and until the plugin had registered.
+async fn restart_and_time(kubelet: &mut RealKubelet) -> (Duration, Duration) {
+    let start = std::time::Instant::now();
+    kubelet.restart().unwrap();
+    let listening = start.elapsed();
+    while kubelet.log_count(REGISTERED) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the plugin did not register with the restarted kubelet\n{}",
+            kubelet.log_tail("kubelet")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (listening, start.elapsed())
+}
+
+/// The median and the slowest of `times`, in seconds.
+fn median_max(mut times: Vec<Duration>) -> (f64, f64) {
+    times.sort_unstable();
+    let at = |i: usize| times.get(i).map_or(0.0, Duration::as_secs_f64);
+    (at(times.len() / 2), at(times.len().saturating_sub(1)))
+}
+
+/// 20 kubelet restarts (`KUBELET_RESTARTS` for another number): the plugin
+/// registers with each new kubelet, the running pod keeps its container
+/// (never created again, never failed by admission), and a pod placed
+/// after the last restart is admitted through the plugin.
+#[test]
+fn kubelet_restarts_keep_running_pods_and_the_plugin_registers_again() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let restarts: usize = std::env::var("KUBELET_RESTARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    common::run_async(LIMIT, async move {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        let mut kubelet = RealKubelet::start(&cluster).unwrap();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node_ready = || ready(&nodes);
+        eventually(
+            Duration::from_secs(60),
+            "the kubelet's Node Ready",
+            node_ready,
+        )
+        .await;
+        let _node = plugin_node(&cluster);
+        let gpus = || capacity(&nodes, "amd.com/gpu");
+        eventually(Duration::from_secs(60), "amd.com/gpu capacity", gpus).await;
+        let node = nodes.get(KUBELET_NODE).await.unwrap();
+        let register = &node.metadata.annotations.unwrap()["hami.io/node-amd-register"];
+        let devices: Vec<Value> = serde_json::from_str(register).unwrap();
+        hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        wait_running(&pods, "job", &kubelet).await;
+
+        let mut floors = Vec::with_capacity(restarts);
+        let mut times = Vec::with_capacity(restarts);
+        for _ in 0..restarts {
+            let (floor, time) = restart_and_time(&mut kubelet).await;
+            floors.push(floor);
+            times.push(time);
+        }
+        let ((f50, fmax), (t50, tmax)) = (median_max(floors), median_max(times));
+        println!(
+            "{restarts} kubelet restarts, from the kill: the plugin registered again after \
+             {t50:.2} s median, {tmax:.2} s slowest; kubelet's device manager listened \
+             after {f50:.2} s median, {fmax:.2} s slowest"
+        );
+        let job = pods.get("job").await.unwrap().status.unwrap_or_default();
+        assert_eq!(job.phase.as_deref(), Some("Running"), "{job:?}");
+        assert_eq!(job.reason, None, "{job:?}");
+        assert_eq!(
+            created_for(&kubelet, "job"),
+            1,
+            "the container is not created again"
+        );
+
+        hami_binds(&cluster, "after", KUBELET_NODE, &devices[1], (76, 4096));
+        wait_running(&pods, "after", &kubelet).await;
+        assert_eq!(created_for(&kubelet, "after"), 1);
+        let gpus = || capacity(&nodes, "amd.com/gpu");
+        let count = eventually(Duration::from_secs(10), "amd.com/gpu capacity", gpus).await;
+        assert_eq!(count, "80");
+    });
+}
