@@ -328,3 +328,110 @@ fn kubelet_restarts_keep_running_pods_and_the_plugin_registers_again() {
         );
     });
 }
+
+/// `/var/lib/kubelet` bind-mounted into the fixture's host root, where
+/// amd-gpud (`--host-root`) looks for kubelet's directories; unmounted
+/// when dropped.
+struct KubeletDirInRoot(std::path::PathBuf);
+
+impl KubeletDirInRoot {
+    fn mount(root: &Path) -> Self {
+        let at = root.join("var/lib/kubelet");
+        std::fs::create_dir_all(&at).unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["--bind", "/var/lib/kubelet"])
+            .arg(&at)
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "mount --bind /var/lib/kubelet {}",
+            at.display()
+        );
+        Self(at)
+    }
+}
+
+impl Drop for KubeletDirInRoot {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The plugin as its own UID 60700 (landlock as strict as this kernel
+/// allows) registers with the real kubelet: amd-gpud gives the UID its ACL
+/// entries on kubelet's real, root-owned directories, and a pod is admitted.
+#[test]
+fn the_plugin_as_its_own_uid_registers_with_the_real_kubelet() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, async {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        let kubelet = RealKubelet::start(&cluster).unwrap();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node_ready = || ready(&nodes);
+        eventually(Duration::from_secs(60), "the Node Ready", node_ready).await;
+
+        let root = common::build_fixture("mi300x-8-spx");
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _kubelet_dir = KubeletDirInRoot::mount(root.path());
+        let bus = PrivateBus::start(Policy::Shipped).unwrap();
+        let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
+        apply_chart(&cluster);
+        add_pod(&cluster, NAMESPACE, "plugin", KUBELET_NODE, chart::RELEASE);
+        let token = cluster
+            .pod_token(NAMESPACE, chart::RELEASE, "plugin")
+            .unwrap();
+        let shared = root.path().join("plugin-config");
+        std::fs::create_dir_all(&shared).unwrap();
+        let kubeconfig = cluster.kubeconfig_in(&shared, "plugin", &token).unwrap();
+        for file in [&kubeconfig, &shared.join("apiserver.crt")] {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let hook = common::world::install_hook(root.path());
+        let uid = tests::bus::PLUGIN_UID.to_string();
+        let child = std::process::Command::new("setpriv")
+            .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--"])
+            .arg(common::fake_node_exe())
+            .args(["plugin", "--kube"])
+            .arg(&kubeconfig)
+            .args(["--node-name", KUBELET_NODE, "--bus-address", &bus.address])
+            .args(["--kubelet-dir", DEVICE_PLUGIN_DIR, "--hook-path", &hook])
+            .args([
+                "--metrics-address",
+                "none",
+                "--sandbox",
+                common::sandbox_mode(),
+            ])
+            .spawn()
+            .unwrap();
+        let _plugin = stack::Process(child);
+
+        let gpus = || capacity(&nodes, "amd.com/gpu");
+        let count = eventually(Duration::from_secs(60), "amd.com/gpu capacity", gpus).await;
+        assert_eq!(count, "80", "{}", kubelet.log_tail("kubelet"));
+        let mode = std::fs::metadata(DEVICE_PLUGIN_DIR)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o002,
+            0,
+            "kubelet's directory: only an ACL lets the plugin in"
+        );
+        let socket = Path::new(DEVICE_PLUGIN_DIR).join("amd.com_gpu.sock");
+        let owner = std::fs::metadata(&socket).unwrap().uid();
+        assert_eq!(owner, tests::bus::PLUGIN_UID, "made by the plugin's UID");
+        let devices = registered(&nodes).await;
+        hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        wait_running(&pods, "job", &kubelet).await;
+        check_created(&kubelet, devices[0]["id"].as_str().unwrap());
+    });
+}

@@ -322,6 +322,20 @@ impl RealCluster {
         Ok(path)
     }
 
+    /// As [`Self::kubeconfig`], written with a copy of the API server's
+    /// certificate into `dir` (for a process of another UID, which cannot
+    /// enter the cluster's own directory).
+    ///
+    /// # Errors
+    /// When a file cannot be copied or written.
+    pub fn kubeconfig_in(&self, dir: &Path, user: &str, token: &str) -> io::Result<PathBuf> {
+        let ca = dir.join("apiserver.crt");
+        std::fs::copy(self.dir.path().join("certs/apiserver.crt"), &ca)?;
+        let path = dir.join(format!("kubeconfig-{user}"));
+        files::write_kubeconfig(&path, &self.url(), &ca, user, token)?;
+        Ok(path)
+    }
+
     /// A kube-rs configuration for the bearer `token`.
     ///
     /// # Errors
