@@ -24,10 +24,12 @@ use kube::{
 use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
-    hami_emulator::{Grant, encode},
     kubelet::FakeKubelet,
     stack,
 };
+
+#[path = "shared/allocate.rs"]
+mod shared;
 
 const NODE: &str = "bench-node";
 const ADMISSIONS: usize = 1000;
@@ -51,20 +53,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let kubelet = rt.block_on(FakeKubelet::start())?;
-    let hook_dir = root.path().join("usr/local/vgpu");
-    std::fs::create_dir_all(&hook_dir)?;
-    std::fs::write(hook_dir.join("libamvgpu.so"), b"placeholder")?;
-    let args = [
-        "--kube",
-        &kubeconfig.display().to_string(),
-        "--node-name",
-        NODE,
-        "--hook-path",
-        &hook_dir.display().to_string(),
-        "--log",
-        "warn",
-    ]
-    .map(str::to_owned);
+    let args = shared::plugin_args(&kubeconfig, NODE, &shared::hook_dir(root.path())?);
     let plugin = stack::plugin(fake_node, bus, kubelet.dir(), &args)?;
     rt.block_on(kubelet.wait_devices(Duration::from_secs(30), |d| d.len() == 80))
         .map_err(anyhow::Error::msg)?;
@@ -87,16 +76,8 @@ fn registered_gpus(api: &FakeApiServer) -> anyhow::Result<Vec<(String, String)>>
         let value = node
             .as_ref()
             .and_then(|n| n["metadata"]["annotations"]["hami.io/node-amd-register"].as_str());
-        if let Some(devices) = value.and_then(|v| serde_json::from_str::<Vec<Value>>(v).ok()) {
-            return Ok(devices
-                .iter()
-                .map(|d| {
-                    (
-                        d["id"].as_str().unwrap_or_default().to_owned(),
-                        d["type"].as_str().unwrap_or_default().to_owned(),
-                    )
-                })
-                .collect());
+        if let Some(gpus) = value.and_then(shared::gpus_of) {
+            return Ok(gpus);
         }
         anyhow::ensure!(
             start.elapsed() < Duration::from_secs(30),
@@ -215,12 +196,6 @@ fn lock_node(api: &FakeApiServer, node: &str, pod: &str) -> anyhow::Result<()> {
 /// A pod as HAMi leaves it after Bind, with the bulk of a real pod (labels,
 /// owner, env, mounts, conditions) so that the cache holds realistic objects.
 fn bound_pod(name: &str, node: &str, gpu: &(String, String), i: usize) -> Value {
-    let entry = encode(&[vec![Grant {
-        id: gpu.0.clone(),
-        device_type: gpu.1.clone(),
-        mem_mib: 12_288,
-        cus: CUS,
-    }]]);
     let env: Vec<Value> = (0..12)
         .map(|k| json!({"name": format!("SETTING_{k}"), "value": format!("value-{k}-{i}")}))
         .collect();
@@ -232,14 +207,7 @@ fn bound_pod(name: &str, node: &str, gpu: &(String, String), i: usize) -> Value 
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
                 "name": "trainer-6d8f7c9b5", "uid": "9a1d2c3e-0000-4000-8000-000000000001",
                 "controller": true, "blockOwnerDeletion": true}],
-            "annotations": {
-                "hami.io/vgpu-node": node,
-                "hami.io/vgpu-time": i.to_string(),
-                "hami.io/amd-devices-to-allocate": entry,
-                "hami.io/amd-devices-allocated": entry,
-                "hami.io/bind-phase": "allocating",
-                "hami.io/bind-time": i.to_string(),
-            }},
+            "annotations": shared::hami_annotations(node, gpu, i, CUS)},
         "spec": {
             "nodeName": node, "schedulerName": "hami-scheduler",
             "containers": [{"name": "main", "image": "rocm/pytorch:rocm6.4_ubuntu22.04",
@@ -270,17 +238,8 @@ fn memory_of(pid: u32) -> anyhow::Result<(u64, u64)> {
     Ok((field("VmRSS:"), field("VmHWM:")))
 }
 
-fn percentile(times: &mut [Duration], p: usize) -> Duration {
-    times.sort_unstable();
-    times[(times.len() * p / 100).min(times.len() - 1)]
-}
-
 fn print_report(report: &Report, rss: u64, hwm: u64) {
-    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
-    let p50_p99 = |times: &[Duration]| {
-        let mut times = times.to_vec();
-        (percentile(&mut times, 50), percentile(&mut times, 99))
-    };
+    let (ms, p50_p99) = (shared::ms, shared::p50_p99);
     let (a50, a99) = p50_p99(&report.allocate);
     let (f50, f99) = p50_p99(&report.floor);
     let (w50, w99) = p50_p99(&report.warm_floor);

@@ -29,10 +29,12 @@ use tests::{
         chart::{NAMESPACE, RELEASE},
         setup,
     },
-    hami_emulator::{Grant, encode},
     kubelet::FakeKubelet,
     stack,
 };
+
+#[path = "shared/allocate.rs"]
+mod shared;
 
 const NODE: &str = "bench-node";
 /// The floor's node: the same account's writes, no plugin watching them.
@@ -91,21 +93,9 @@ async fn run(
     )
     .await?;
     let kubelet = FakeKubelet::start().await?;
-    let hook = node.root.path().join("usr/local/vgpu");
-    std::fs::create_dir_all(&hook)?;
-    std::fs::write(hook.join("libamvgpu.so"), b"placeholder")?;
     let kubeconfig = cluster.kubeconfig("plugin", &token)?;
-    let args = [
-        "--kube",
-        &kubeconfig.display().to_string(),
-        "--node-name",
-        NODE,
-        "--hook-path",
-        &hook.display().to_string(),
-        "--log",
-        "warn",
-    ]
-    .map(str::to_owned);
+    let hook = shared::hook_dir(node.root.path())?;
+    let args = shared::plugin_args(&kubeconfig, NODE, &hook);
     let _plugin = stack::plugin(fake_node, &node.bus, kubelet.dir(), &args)?;
     kubelet
         .wait_devices(Duration::from_secs(60), |d| d.len() == 80)
@@ -242,12 +232,8 @@ async fn registered_gpus(admin: &Client) -> anyhow::Result<Vec<(String, String)>
     loop {
         let node = nodes.get(NODE).await?;
         let value = node.annotations().get("hami.io/node-amd-register");
-        if let Some(devices) = value.and_then(|v| serde_json::from_str::<Vec<Value>>(v).ok()) {
-            let field = |d: &Value, k: &str| d[k].as_str().unwrap_or_default().to_owned();
-            return Ok(devices
-                .iter()
-                .map(|d| (field(d, "id"), field(d, "type")))
-                .collect());
+        if let Some(gpus) = value.and_then(|v| shared::gpus_of(v)) {
+            return Ok(gpus);
         }
         anyhow::ensure!(
             start.elapsed() < Duration::from_secs(60),
@@ -260,25 +246,12 @@ async fn registered_gpus(admin: &Client) -> anyhow::Result<Vec<(String, String)>
 /// A pod as HAMi leaves it after Bind (created bound, as the scheduler's
 /// binding would leave it).
 fn bound_pod(name: &str, node: &str, gpu: &(String, String), i: usize) -> anyhow::Result<Pod> {
-    let entry = encode(&[vec![Grant {
-        id: gpu.0.clone(),
-        device_type: gpu.1.clone(),
-        mem_mib: 12_288,
-        cus: CUS,
-    }]]);
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": name, "namespace": "default",
             "labels": {"app": "trainer", "team": "ml"},
-            "annotations": {
-                "hami.io/vgpu-node": node,
-                "hami.io/vgpu-time": i.to_string(),
-                "hami.io/amd-devices-to-allocate": entry,
-                "hami.io/amd-devices-allocated": entry,
-                "hami.io/bind-phase": "allocating",
-                "hami.io/bind-time": i.to_string(),
-            }},
+            "annotations": shared::hami_annotations(node, gpu, i, CUS)},
         "spec": {
             "nodeName": node, "schedulerName": "hami-scheduler",
             "containers": [{"name": "main", "image": "rocm/pytorch:rocm6.4_ubuntu22.04",
@@ -289,17 +262,8 @@ fn bound_pod(name: &str, node: &str, gpu: &(String, String), i: usize) -> anyhow
     Ok(serde_json::from_value(pod)?)
 }
 
-fn percentile(times: &mut [Duration], p: usize) -> Duration {
-    times.sort_unstable();
-    times[(times.len() * p / 100).min(times.len() - 1)]
-}
-
 fn print_report(report: &Report) {
-    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
-    let p50_p99 = |times: &[Duration]| {
-        let mut times = times.to_vec();
-        (percentile(&mut times, 50), percentile(&mut times, 99))
-    };
+    let (ms, p50_p99) = (shared::ms, shared::p50_p99);
     let (a50, a99) = p50_p99(&report.allocate);
     let (p50, p99) = p50_p99(&report.floor_pod);
     let (f50, f99) = p50_p99(&report.floor);
