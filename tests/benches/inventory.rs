@@ -4,7 +4,7 @@
 //! RSS of a release `amd-gpud inspect` on the same tree.
 //!
 //! Run: `cargo bench -p tests --bench inventory`. Prints a Markdown table for
-//! docs/benchmarks.md. Without ../shared/fixtures the builder's
+//! docs/benchmarks.md. Without the captures folder beside the clone the builder's
 //! `mi300x-8-cpx` stands in for the capture (the table says which was used).
 
 use std::{
@@ -16,7 +16,7 @@ use std::{
 };
 
 use gpud::HostPaths;
-use tests::{fake_amdsmi::workspace_root, fixture};
+use tests::fixture;
 
 const ROUNDS: usize = 41;
 
@@ -73,7 +73,7 @@ fn main() -> anyhow::Result<()> {
 
 /// A host root around the MI300X CPX capture, or the builder's stand-in.
 fn host_root(dir: &Path) -> anyhow::Result<(String, HostPaths)> {
-    let capture = workspace_root().join("../shared/fixtures/kfd/mi300x-8gpu-cpx");
+    let capture = fixture::captures_dir().join("mi300x-8gpu-cpx");
     if capture.is_dir() {
         fixture::link_capture(&capture.canonicalize()?, dir)?;
         return Ok(("MI300X CPX capture".into(), HostPaths::under(dir)));

@@ -1,4 +1,5 @@
-//! The inventory of the real KFD captures in ../shared/fixtures/kfd, read as
+//! The inventory of the real KFD captures (the folder beside the clone, when
+//! there is one: `common::shared_captures`), read as
 //! host roots that hold nothing but the KFD topology (as a capture nobody here
 //! has seen would be), through the `amd-gpud inspect` command line.
 
@@ -16,7 +17,10 @@ use tests::fixture::link_capture;
 /// Builds `DIR/sys/class/kfd/kfd/topology` around the capture and inspects it.
 fn inspect_capture(name: &str) -> Option<(Value, tempfile::TempDir)> {
     let Some(capture) = common::shared_capture(name) else {
-        eprintln!("skipping: ../shared/fixtures/kfd/{name} is not here");
+        eprintln!(
+            "skipping: no capture {name} in {}",
+            tests::fixture::captures_dir().display()
+        );
         return None;
     };
     let dir = tests::fixture::scratch_dir().unwrap();

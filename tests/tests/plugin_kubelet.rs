@@ -280,7 +280,10 @@ fn the_plugin_follows_amd_gpud_through_a_restart() {
 #[test]
 fn preferred_allocation_on_the_mi210_capture() {
     let Some(capture) = common::shared_capture("mi210-8gpu-xgmi") else {
-        eprintln!("skipping: ../shared/fixtures/kfd/mi210-8gpu-xgmi is not here");
+        eprintln!(
+            "skipping: no capture mi210-8gpu-xgmi in {}",
+            tests::fixture::captures_dir().display()
+        );
         return;
     };
     if !common::can_run_bus_tests() {

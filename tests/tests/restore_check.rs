@@ -212,7 +212,10 @@ fn unreadable_images_exit_2_with_a_clear_error() {
 /// public VRAM bank of one MI300X CPX partition (192 GiB / 8).
 fn capture_image(format: Format, dir: &Path) -> Option<std::path::PathBuf> {
     let Some(capture) = common::shared_capture("mi300x-8gpu-cpx") else {
-        eprintln!("skipping: ../shared/fixtures/kfd/mi300x-8gpu-cpx is not here");
+        eprintln!(
+            "skipping: no capture mi300x-8gpu-cpx in {}",
+            tests::fixture::captures_dir().display()
+        );
         return None;
     };
     let host = fixture::scratch_dir().unwrap();

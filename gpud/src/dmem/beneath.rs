@@ -1,6 +1,7 @@
 //! Opening cgroup directories and control files relative to a held directory
 //! handle, never by a path string from the root of the file system
-//! (shared/docs/dmem-cgroups.md §4.2 R2/R3, §5.2).
+//! (openat2(2) `RESOLVE_BENEATH`; how the controller's files are laid out:
+//! torvalds/linux:Documentation/admin-guide/cgroup-v2.rst, "DMEM").
 //!
 //! Every open is `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 //! RESOLVE_NO_MAGICLINKS`: a symlink anywhere on the way or a `..` that

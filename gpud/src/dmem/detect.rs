@@ -1,5 +1,6 @@
-//! Is the dmem backend usable on this node? (shared/docs/dmem-cgroups.md §0,
-//! §3.2, §4.2 R1, §6 step 1.)
+//! Is the dmem backend usable on this node? (The controller:
+//! torvalds/linux:Documentation/admin-guide/cgroup-v2.rst, "DMEM"; kubelet's
+//! cgroup layout: kubernetes/kubernetes:pkg/kubelet/cm/cgroup_manager_linux.go.)
 //!
 //! In order: the cgroup mount opens and is cgroup v2 (`CGROUP2_SUPER_MAGIC`);
 //! `dmem` is in its `cgroup.controllers`; its root-only `dmem.capacity` has

@@ -1,6 +1,7 @@
 //! What the kubelet's config file says about cgroups: `cgroupDriver`,
-//! `cgroupRoot` and `cgroupsPerQOS` (shared/docs/dmem-cgroups.md §3.2, the
-//! most authoritative source of the driver).
+//! `cgroupRoot` and `cgroupsPerQOS` (kubernetes/kubernetes:
+//! pkg/kubelet/apis/config/types.go; the most authoritative source of the
+//! driver).
 //!
 //! The file is YAML (a `KubeletConfiguration`, usually
 //! `/var/lib/kubelet/config.yaml`). Only top-level `key: value` lines are

@@ -1,5 +1,5 @@
 //! Where kubelet puts pod cgroups, for both cgroup drivers, every QoS class
-//! and any `cgroupRoot` (shared/docs/dmem-cgroups.md §3.1).
+//! and any `cgroupRoot` (kubernetes/kubernetes:pkg/kubelet/cm/cgroup_manager_linux.go).
 //!
 //! kubelet names cgroups abstractly: `[<cgroupRoot components>..., "kubepods",
 //! ("burstable" | "besteffort")?, "pod<UID>"]`. The cgroupfs driver joins the

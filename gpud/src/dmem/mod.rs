@@ -1,5 +1,6 @@
 //! Hard per-pod VRAM caps through the dmem cgroup controller
-//! (shared/docs/dmem-cgroups.md). Knows nothing of D-Bus.
+//! (torvalds/linux:Documentation/admin-guide/cgroup-v2.rst ("DMEM")).
+//! Knows nothing of D-Bus.
 //!
 //! [`Dmem`] detects whether the backend is usable ([`detect`]), and
 //! [`Dmem::set_pod_limits`] writes a pod's `dmem.max`: the pod UID and the

@@ -1,7 +1,8 @@
 //! amdgpu VRAM regions and the `<region> <value>` files of the dmem controller.
 //!
 //! amdgpu registers one region per PCI function, `drm/<dddd:bb:dd.f>/vram`
-//! (shared/docs/dmem-cgroups.md §1.6). Region names are derived here from a
+//! (torvalds/linux:drivers/gpu/drm/drm_drv.c `drmm_cgroup_register_region`,
+//! drivers/gpu/drm/amd/amdgpu/amdgpu_ttm.c). Region names are derived here from a
 //! validated PCI address, never taken from a caller. Files are parsed per
 //! §4.2 R6: split each line at its last space, the value is `max` or a `u64`.
 

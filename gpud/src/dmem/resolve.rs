@@ -1,5 +1,5 @@
-//! Finding a pod's cgroup (shared/docs/dmem-cgroups.md §3.1, §3.2 "QoS
-//! class", §5.2).
+//! Finding a pod's cgroup (kubernetes/kubernetes:pkg/kubelet/cm/
+//! pod_container_manager_linux.go, qos_container_manager_linux.go).
 //!
 //! The path comes from the fixed template of [`Layout`] and a validated
 //! [`PodUid`]; nothing a caller sends is a path. The kubepods cgroup is opened

@@ -1,6 +1,6 @@
 //! Pod UIDs as callers send them, checked before anything is built from them.
 //!
-//! Two forms exist (shared/docs/dmem-cgroups.md §3.1, §5.1): API pods carry a
+//! Two forms exist (kubernetes/kubernetes:pkg/kubelet/config/common.go): API pods carry a
 //! lowercase RFC 4122 UUID (`8-4-4-4-12` hex digits with dashes), static pods
 //! the 32 hex digits of an MD5 that kubelet computes. Anything else, uppercase
 //! included, is refused; the check looks at the length first, so a 10 KiB

@@ -1,4 +1,4 @@
-//! Writing a pod's VRAM limits (shared/docs/dmem-cgroups.md §4.2 R4, R5, R9).
+//! Writing a pod's VRAM limits (`dmem.max`, torvalds/linux:Documentation/admin-guide/cgroup-v2.rst ("DMEM")).
 //!
 //! First the enable pass: every cgroup from the mount down to the pod's
 //! parent gets `+dmem` in `cgroup.subtree_control`, only where `dmem` is not

@@ -25,17 +25,16 @@ pub fn fake_node_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fake-node"))
 }
 
-/// A real KFD capture from `../shared/fixtures/kfd/<name>`, when present.
+/// A real KFD capture `<captures>/<name>`, when present
+/// ([`tests::fixture::captures_dir`]).
 pub fn shared_capture(name: &str) -> Option<PathBuf> {
-    let dir = tests::fake_amdsmi::workspace_root()
-        .join("../shared/fixtures/kfd")
-        .join(name);
+    let dir = tests::fixture::captures_dir().join(name);
     dir.is_dir().then(|| dir.canonicalize().ok()).flatten()
 }
 
-/// Every capture folder in `../shared/fixtures/kfd/`.
+/// Every capture folder in [`tests::fixture::captures_dir`].
 pub fn shared_captures() -> Vec<String> {
-    let dir = tests::fake_amdsmi::workspace_root().join("../shared/fixtures/kfd");
+    let dir = tests::fixture::captures_dir();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
