@@ -102,10 +102,11 @@ impl AllocateError {
 }
 
 /// `why` a slice cannot be had, with the pods holding CUs on its GPU.
-fn held_by(why: String, holders: Option<&Vec<String>>) -> String {
-    match holders {
-        Some(pods) if !pods.is_empty() => format!("{why}; CUs held by {}", pods.join(", ")),
-        _ => why,
+fn held_by(why: String, holders: &[String]) -> String {
+    if holders.is_empty() {
+        why
+    } else {
+        format!("{why}; CUs held by {}", holders.join(", "))
     }
 }
 
@@ -352,12 +353,11 @@ impl Allocator {
             .iter()
             .map(|g| (gpu_id(g), g.compute_units))
             .collect();
-        let occupancy = self
+        let mut occupancy = self
             .ours
             .with_recorded(|ours| self.claims.rebuild(pods, &totals, ours));
-        self.report_distrust(occupancy.distrusted);
-        let holders = occupancy.holders;
-        let mut maps: HashMap<String, CuBitmap> = occupancy.maps;
+        self.report_distrust(std::mem::take(&mut occupancy.distrusted));
+        let mut maps: HashMap<String, CuBitmap> = std::mem::take(&mut occupancy.maps);
         let mut slices = Vec::with_capacity(entry.len());
         for device in entry {
             let gpu = snapshot
@@ -377,7 +377,7 @@ impl Allocator {
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             let slice = response::slice(gpu, parts, device, &mut maps, reuse)
-                .map_err(|why| held_by(why, holders.get(&device.uuid)));
+                .map_err(|why| held_by(why, &occupancy.holders(&device.uuid)));
             slices.push(slice.because(Reason::Slice)?);
         }
         Ok(slices)

@@ -77,8 +77,20 @@ pub struct Distrust {
 pub struct Occupancy {
     pub maps: HashMap<String, CuBitmap>,
     pub distrusted: Vec<Distrust>,
-    /// Per GPU, the pods (`namespace/name`) whose claims count on it.
-    pub holders: HashMap<String, Vec<String>>,
+    /// The pods whose claims count, in the order they were laid down (named
+    /// only when a grant does not fit: [`Occupancy::holders`]).
+    counted: Vec<(Arc<Pod>, Arc<Judged>)>,
+}
+
+impl Occupancy {
+    /// The pods (`namespace/name`) whose claims count on `gpu`.
+    pub fn holders(&self, gpu: &str) -> Vec<String> {
+        self.counted
+            .iter()
+            .filter(|(_, judged)| counted_gpus(&judged.claims).any(|g| g == gpu))
+            .map(|(pod, _)| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+            .collect()
+    }
 }
 
 /// One pod's claim on one GPU, judged against what HAMi granted the pod.
@@ -166,21 +178,18 @@ impl Claims {
             .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
             .collect();
         let mut distrusted = Vec::new();
-        let mut holders: HashMap<String, Vec<String>> = HashMap::new();
+        let mut counted = Vec::with_capacity(ordered.len());
         for (_, _, pod, judged) in ordered {
-            for gpu in counted_gpus(&judged.claims) {
-                let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-                holders.entry(gpu.to_owned()).or_default().push(who);
-            }
             let problems = apply(&judged.claims, &mut maps);
             if let (false, Some(value)) = (problems.is_empty(), &judged.value) {
                 distrusted.push(distrust(pod, value, problems.join("; ")));
             }
+            counted.push((Arc::clone(pod), judged));
         }
         Occupancy {
             maps: maps.into_iter().collect(),
             distrusted,
-            holders,
+            counted,
         }
     }
 }
