@@ -45,17 +45,34 @@ async fn ready(nodes: &Api<Node>) -> Option<()> {
         .then_some(())
 }
 
+/// Who the plugin runs as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PluginUser {
+    Root,
+    /// Its own UID 60700, landlock as strict as this kernel allows: it
+    /// gets into kubelet's root-owned directory only through the ACL entries
+    /// amd-gpud gives it.
+    Own,
+}
+
 /// amd-gpud and the plugin on the kubelet's node, the plugin with the
 /// token of the chart's ServiceAccount bound to its pod; dropped together.
 struct PluginNode {
     _plugin: stack::Process,
     _gpud: stack::Process,
     _bus: PrivateBus,
+    _kubelet_dir: Option<KubeletDirInRoot>,
     _root: tempfile::TempDir,
 }
 
-fn plugin_node(cluster: &RealCluster) -> PluginNode {
+fn plugin_node(cluster: &RealCluster, user: PluginUser) -> PluginNode {
+    use std::os::unix::fs::PermissionsExt;
     let root = common::build_fixture("mi300x-8-spx");
+    let kubelet_dir = (user == PluginUser::Own).then(|| {
+        // The plugin's UID must reach the hook and its kubeconfig under it.
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        KubeletDirInRoot::mount(root.path())
+    });
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
     apply_chart(cluster);
@@ -63,26 +80,57 @@ fn plugin_node(cluster: &RealCluster) -> PluginNode {
     let token = cluster
         .pod_token(NAMESPACE, chart::RELEASE, "plugin")
         .unwrap();
-    let kubeconfig = cluster.kubeconfig("plugin", &token).unwrap();
+    let shared = root.path().join("plugin-config");
+    std::fs::create_dir_all(&shared).unwrap();
+    let kubeconfig = cluster.kubeconfig_in(&shared, "plugin", &token).unwrap();
+    for file in [&kubeconfig, &shared.join("apiserver.crt")] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
     let hook = common::world::install_hook(root.path());
-    let args = [
-        "--kube",
-        kubeconfig.to_str().unwrap(),
-        "--node-name",
-        KUBELET_NODE,
-        "--hook-path",
-        hook.as_str(),
-        "--sandbox",
-        "best-effort",
-    ];
-    let dir = Path::new(DEVICE_PLUGIN_DIR);
-    let plugin = stack::plugin(&common::fake_node_exe(), &bus, dir, args).unwrap();
+    let plugin = match user {
+        PluginUser::Root => {
+            let args = [
+                "--kube".as_ref(),
+                kubeconfig.as_os_str(),
+                "--node-name".as_ref(),
+                KUBELET_NODE.as_ref(),
+                "--hook-path".as_ref(),
+                hook.as_ref(),
+                "--sandbox".as_ref(),
+                "best-effort".as_ref(),
+            ];
+            let dir = Path::new(DEVICE_PLUGIN_DIR);
+            stack::plugin(&common::fake_node_exe(), &bus, dir, args).unwrap()
+        }
+        PluginUser::Own => plugin_as_own_uid(&bus, &kubeconfig, &hook),
+    };
     PluginNode {
         _plugin: plugin,
         _gpud: gpud,
         _bus: bus,
+        _kubelet_dir: kubelet_dir,
         _root: root,
     }
+}
+
+fn plugin_as_own_uid(bus: &PrivateBus, kubeconfig: &Path, hook: &str) -> stack::Process {
+    let uid = tests::bus::PLUGIN_UID.to_string();
+    let child = std::process::Command::new("setpriv")
+        .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--"])
+        .arg(common::fake_node_exe())
+        .args(["plugin", "--kube"])
+        .arg(kubeconfig)
+        .args(["--node-name", KUBELET_NODE, "--bus-address", &bus.address])
+        .args(["--kubelet-dir", DEVICE_PLUGIN_DIR, "--hook-path", hook])
+        .args([
+            "--metrics-address",
+            "none",
+            "--sandbox",
+            common::sandbox_mode(),
+        ])
+        .spawn()
+        .unwrap();
+    stack::Process(child)
 }
 
 /// Waits until kubelet reports `default/<name>` Running.
@@ -163,7 +211,7 @@ struct Scene {
     _node: PluginNode,
 }
 
-async fn scene(version: KubeletVersion) -> Scene {
+async fn scene(version: KubeletVersion, user: PluginUser) -> Scene {
     let cluster = RealCluster::start().unwrap();
     let client = admin(&cluster).await;
     let kubelet = RealKubelet::start_version(&cluster, version).unwrap();
@@ -171,7 +219,7 @@ async fn scene(version: KubeletVersion) -> Scene {
     let node_ready = || ready(&nodes);
     let limit = Duration::from_secs(60);
     eventually(limit, "the kubelet's Node Ready", node_ready).await;
-    let node = plugin_node(&cluster);
+    let node = plugin_node(&cluster, user);
     // kubelet publishes what ListAndWatch lists: 8 GPUs x 10 slots.
     let gpus = || capacity(&nodes, "amd.com/gpu");
     let count = eventually(limit, "amd.com/gpu capacity", gpus).await;
@@ -199,7 +247,7 @@ async fn admits_a_pod(version: KubeletVersion) {
         nodes,
         pods,
         _node,
-    } = scene(version).await;
+    } = scene(version, PluginUser::Root).await;
     let node = nodes.get(KUBELET_NODE).await.unwrap();
     let info = node
         .status
@@ -279,7 +327,7 @@ fn kubelet_restarts_keep_running_pods_and_the_plugin_registers_again() {
             nodes,
             pods,
             _node,
-        } = scene(KubeletVersion::Pinned).await;
+        } = scene(KubeletVersion::Pinned, PluginUser::Root).await;
         let devices = registered(&nodes).await;
         hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
         wait_running(&pods, "job", &kubelet).await;
@@ -371,51 +419,13 @@ fn the_plugin_as_its_own_uid_registers_with_the_real_kubelet() {
     }
     common::run_async(LIMIT, async {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let cluster = RealCluster::start().unwrap();
-        let client = admin(&cluster).await;
-        let kubelet = RealKubelet::start(&cluster).unwrap();
-        let nodes: Api<Node> = Api::all(client.clone());
-        let node_ready = || ready(&nodes);
-        eventually(Duration::from_secs(60), "the Node Ready", node_ready).await;
-
-        let root = common::build_fixture("mi300x-8-spx");
-        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let _kubelet_dir = KubeletDirInRoot::mount(root.path());
-        let bus = PrivateBus::start(Policy::Shipped).unwrap();
-        let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
-        apply_chart(&cluster);
-        add_pod(&cluster, NAMESPACE, "plugin", KUBELET_NODE, chart::RELEASE);
-        let token = cluster
-            .pod_token(NAMESPACE, chart::RELEASE, "plugin")
-            .unwrap();
-        let shared = root.path().join("plugin-config");
-        std::fs::create_dir_all(&shared).unwrap();
-        let kubeconfig = cluster.kubeconfig_in(&shared, "plugin", &token).unwrap();
-        for file in [&kubeconfig, &shared.join("apiserver.crt")] {
-            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        }
-        let hook = common::world::install_hook(root.path());
-        let uid = tests::bus::PLUGIN_UID.to_string();
-        let child = std::process::Command::new("setpriv")
-            .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--"])
-            .arg(common::fake_node_exe())
-            .args(["plugin", "--kube"])
-            .arg(&kubeconfig)
-            .args(["--node-name", KUBELET_NODE, "--bus-address", &bus.address])
-            .args(["--kubelet-dir", DEVICE_PLUGIN_DIR, "--hook-path", &hook])
-            .args([
-                "--metrics-address",
-                "none",
-                "--sandbox",
-                common::sandbox_mode(),
-            ])
-            .spawn()
-            .unwrap();
-        let _plugin = stack::Process(child);
-
-        let gpus = || capacity(&nodes, "amd.com/gpu");
-        let count = eventually(Duration::from_secs(60), "amd.com/gpu capacity", gpus).await;
-        assert_eq!(count, "80", "{}", kubelet.log_tail("kubelet"));
+        let Scene {
+            cluster,
+            kubelet,
+            nodes,
+            pods,
+            _node,
+        } = scene(KubeletVersion::Pinned, PluginUser::Own).await;
         let mode = std::fs::metadata(DEVICE_PLUGIN_DIR)
             .unwrap()
             .permissions()
@@ -430,7 +440,6 @@ fn the_plugin_as_its_own_uid_registers_with_the_real_kubelet() {
         assert_eq!(owner, tests::bus::PLUGIN_UID, "made by the plugin's UID");
         let devices = registered(&nodes).await;
         hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
-        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         wait_running(&pods, "job", &kubelet).await;
         check_created(&kubelet, devices[0]["id"].as_str().unwrap());
     });
