@@ -11,164 +11,23 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
-use serde_json::Value;
-use tests::{
-    bus::{Policy, PrivateBus},
-    cluster::{
-        RealCluster,
-        chart::{self, NAMESPACE},
-        kubelet::{DEVICE_PLUGIN_DIR, KUBELET_NODE, KubeletVersion, RealKubelet, container_env},
+use tests::cluster::kubelet::{KUBELET_NODE, KubeletVersion, RealKubelet, container_env};
+
+use common::{
+    cluster::{LIMIT, eventually, hami_binds},
+    real_node::{
+        PluginUser, Scene, capacity, container_paths, created_for, registered, scene, wait_running,
     },
-    stack,
 };
-
-use common::cluster::{LIMIT, add_pod, admin, apply_chart, eventually, hami_binds};
-
-/// The Node's capacity of `resource`, once kubelet reports one.
-async fn capacity(nodes: &Api<Node>, resource: &str) -> Option<String> {
-    let node = nodes.get(KUBELET_NODE).await.ok()?;
-    let quantity = node.status?.capacity?.get(resource)?.0.clone();
-    Some(quantity)
-}
-
-async fn ready(nodes: &Api<Node>) -> Option<()> {
-    let node = nodes.get(KUBELET_NODE).await.ok()?;
-    let conditions = node.status?.conditions?;
-    conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
-        .then_some(())
-}
-
-/// Who the plugin runs as.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum PluginUser {
-    Root,
-    /// Its own UID 60700, landlock as strict as this kernel allows: it
-    /// gets into kubelet's root-owned directory only through the ACL entries
-    /// amd-gpud gives it.
-    Own,
-}
-
-/// amd-gpud and the plugin on the kubelet's node, the plugin with the
-/// token of the chart's ServiceAccount bound to its pod; dropped together.
-struct PluginNode {
-    _plugin: stack::Process,
-    _gpud: stack::Process,
-    _bus: PrivateBus,
-    _kubelet_dir: Option<KubeletDirInRoot>,
-    _root: tempfile::TempDir,
-}
-
-fn plugin_node(cluster: &RealCluster, user: PluginUser) -> PluginNode {
-    use std::os::unix::fs::PermissionsExt;
-    let root = common::build_fixture("mi300x-8-spx");
-    let kubelet_dir = (user == PluginUser::Own).then(|| {
-        // The plugin's UID must reach the hook and its kubeconfig under it.
-        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        KubeletDirInRoot::mount(root.path())
-    });
-    let bus = PrivateBus::start(Policy::Shipped).unwrap();
-    let gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
-    apply_chart(cluster);
-    add_pod(cluster, NAMESPACE, "plugin", KUBELET_NODE, chart::RELEASE);
-    let token = cluster
-        .pod_token(NAMESPACE, chart::RELEASE, "plugin")
-        .unwrap();
-    let shared = root.path().join("plugin-config");
-    std::fs::create_dir_all(&shared).unwrap();
-    let kubeconfig = cluster.kubeconfig_in(&shared, "plugin", &token).unwrap();
-    for file in [&kubeconfig, &shared.join("apiserver.crt")] {
-        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    let hook = common::world::install_hook(root.path());
-    let plugin = match user {
-        PluginUser::Root => {
-            let args = [
-                "--kube".as_ref(),
-                kubeconfig.as_os_str(),
-                "--node-name".as_ref(),
-                KUBELET_NODE.as_ref(),
-                "--hook-path".as_ref(),
-                hook.as_ref(),
-                "--sandbox".as_ref(),
-                "best-effort".as_ref(),
-            ];
-            let dir = Path::new(DEVICE_PLUGIN_DIR);
-            stack::plugin(&common::fake_node_exe(), &bus, dir, args).unwrap()
-        }
-        PluginUser::Own => plugin_as_own_uid(&bus, &kubeconfig, &hook),
-    };
-    PluginNode {
-        _plugin: plugin,
-        _gpud: gpud,
-        _bus: bus,
-        _kubelet_dir: kubelet_dir,
-        _root: root,
-    }
-}
-
-fn plugin_as_own_uid(bus: &PrivateBus, kubeconfig: &Path, hook: &str) -> stack::Process {
-    let uid = tests::bus::PLUGIN_UID.to_string();
-    let child = std::process::Command::new("setpriv")
-        .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--"])
-        .arg(common::fake_node_exe())
-        .args(["plugin", "--kube"])
-        .arg(kubeconfig)
-        .args(["--node-name", KUBELET_NODE, "--bus-address", &bus.address])
-        .args(["--kubelet-dir", DEVICE_PLUGIN_DIR, "--hook-path", hook])
-        .args([
-            "--metrics-address",
-            "none",
-            "--sandbox",
-            common::sandbox_mode(),
-        ])
-        .spawn()
-        .unwrap();
-    stack::Process(child)
-}
-
-/// Waits until kubelet reports `default/<name>` Running.
-async fn wait_running(pods: &Api<Pod>, name: &str, kubelet: &RealKubelet) {
-    let start = std::time::Instant::now();
-    loop {
-        let pod = pods.get(name).await.unwrap();
-        let status = pod.status.unwrap_or_default();
-        if status.phase.as_deref() == Some("Running") {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "pod {name} not Running: {status:?}\n{}",
-            kubelet.log_tail("kubelet")
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The container paths of a CreateContainer request's `field` (`mounts`,
-/// `devices`).
-fn container_paths<'a>(request: &'a Value, field: &str) -> Vec<&'a str> {
-    request["config"][field]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["containerPath"].as_str())
-        .collect()
-}
 
 /// What the runtime was asked to give `job`'s container: 76 CUs and 4 GiB
 /// of `gpu`, the memory hook, `/dev/kfd`.
 fn check_created(kubelet: &RealKubelet, gpu: &str) {
     let created = kubelet.requests("CreateContainer");
-    let job = created
-        .iter()
-        .find(|r| r["sandboxConfig"]["metadata"]["name"] == "job")
+    let job = *created_for(&created, "job")
+        .first()
         .unwrap_or_else(|| panic!("no CreateContainer for job: {created:?}"));
     let env = container_env(job);
     let value = |key: &str| env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
@@ -201,52 +60,13 @@ fn the_oldest_supported_kubelet_admits_a_pod_through_the_plugin() {
     common::run_async(LIMIT, admits_a_pod(KubeletVersion::Oldest));
 }
 
-/// A control plane, a kubelet of `version` whose Node is Ready, and the
-/// plugin registered with it (the Node lists its 80 devices).
-struct Scene {
-    cluster: RealCluster,
-    kubelet: RealKubelet,
-    nodes: Api<Node>,
-    pods: Api<Pod>,
-    _node: PluginNode,
-}
-
-async fn scene(version: KubeletVersion, user: PluginUser) -> Scene {
-    let cluster = RealCluster::start().unwrap();
-    let client = admin(&cluster).await;
-    let kubelet = RealKubelet::start_version(&cluster, version).unwrap();
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node_ready = || ready(&nodes);
-    let limit = Duration::from_secs(60);
-    eventually(limit, "the kubelet's Node Ready", node_ready).await;
-    let node = plugin_node(&cluster, user);
-    // kubelet publishes what ListAndWatch lists: 8 GPUs x 10 slots.
-    let gpus = || capacity(&nodes, "amd.com/gpu");
-    let count = eventually(limit, "amd.com/gpu capacity", gpus).await;
-    assert_eq!(count, "80", "{}", kubelet.log_tail("kubelet"));
-    Scene {
-        cluster,
-        kubelet,
-        nodes,
-        pods: Api::namespaced(client, "default"),
-        _node: node,
-    }
-}
-
-/// The devices of the plugin's register annotation.
-async fn registered(nodes: &Api<Node>) -> Vec<Value> {
-    let node = nodes.get(KUBELET_NODE).await.unwrap();
-    let register = &node.metadata.annotations.unwrap()["hami.io/node-amd-register"];
-    serde_json::from_str(register).unwrap()
-}
-
 async fn admits_a_pod(version: KubeletVersion) {
     let Scene {
         cluster,
         kubelet,
         nodes,
         pods,
-        _node,
+        node: _node,
     } = scene(version, PluginUser::Root).await;
     let node = nodes.get(KUBELET_NODE).await.unwrap();
     let info = node
@@ -260,7 +80,7 @@ async fn admits_a_pod(version: KubeletVersion) {
         KubeletVersion::Oldest => "v1.35.",
     };
     assert!(info.kubelet_version.starts_with(expected), "{info:?}");
-    let devices = registered(&nodes).await;
+    let devices = registered(&nodes, KUBELET_NODE).await;
     hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
     wait_running(&pods, "job", &kubelet).await;
     check_created(&kubelet, devices[0]["id"].as_str().unwrap());
@@ -273,15 +93,6 @@ async fn admits_a_pod(version: KubeletVersion) {
 
 /// Kubelet's log line when a device plugin registers.
 const REGISTERED: &str = "Got registration request from device plugin";
-
-/// The CreateContainer requests for pod `name`.
-fn created_for(kubelet: &RealKubelet, name: &str) -> usize {
-    kubelet
-        .requests("CreateContainer")
-        .iter()
-        .filter(|r| r["sandboxConfig"]["metadata"]["name"] == name)
-        .count()
-}
 
 /// Restarts kubelet; how long until its device manager listened again (the
 /// floor: nothing can register before) and until the plugin had registered.
@@ -326,9 +137,9 @@ fn kubelet_restarts_keep_running_pods_and_the_plugin_registers_again() {
             mut kubelet,
             nodes,
             pods,
-            _node,
+            node: _node,
         } = scene(KubeletVersion::Pinned, PluginUser::Root).await;
-        let devices = registered(&nodes).await;
+        let devices = registered(&nodes, KUBELET_NODE).await;
         hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
         wait_running(&pods, "job", &kubelet).await;
 
@@ -351,20 +162,21 @@ fn kubelet_restarts_keep_running_pods_and_the_plugin_registers_again() {
         assert_eq!(job.phase.as_deref(), Some("Running"), "{job:?}");
         assert_eq!(job.reason, None, "{job:?}");
         assert_eq!(
-            created_for(&kubelet, "job"),
+            created_for(&kubelet.requests("CreateContainer"), "job").len(),
             1,
             "the container is not created again"
         );
 
         hami_binds(&cluster, "after", KUBELET_NODE, &devices[1], (76, 4096));
         wait_running(&pods, "after", &kubelet).await;
-        assert_eq!(created_for(&kubelet, "after"), 1);
+        let created = kubelet.requests("CreateContainer");
+        assert_eq!(created_for(&created, "after").len(), 1);
         // kubelet's first status after a start counts no device of a
         // plugin that has not registered yet (0, which HAMi reads as
         // unhealthy); the next one counts them again.
         let since = last_kill.elapsed();
         let back = || async {
-            let count = capacity(&nodes, "amd.com/gpu").await?;
+            let count = capacity(&nodes, KUBELET_NODE, "amd.com/gpu").await?;
             (count == "80").then_some(())
         };
         eventually(Duration::from_secs(30), "amd.com/gpu capacity 80", back).await;
@@ -375,38 +187,6 @@ fn kubelet_restarts_keep_running_pods_and_the_plugin_registers_again() {
             since.as_secs_f64()
         );
     });
-}
-
-/// `/var/lib/kubelet` bind-mounted into the fixture's host root, where
-/// amd-gpud (`--host-root`) looks for kubelet's directories; unmounted
-/// when dropped.
-struct KubeletDirInRoot(std::path::PathBuf);
-
-impl KubeletDirInRoot {
-    fn mount(root: &Path) -> Self {
-        let at = root.join("var/lib/kubelet");
-        std::fs::create_dir_all(&at).unwrap();
-        let status = std::process::Command::new("mount")
-            .args(["--bind", "/var/lib/kubelet"])
-            .arg(&at)
-            .status()
-            .unwrap();
-        assert!(
-            status.success(),
-            "mount --bind /var/lib/kubelet {}",
-            at.display()
-        );
-        Self(at)
-    }
-}
-
-impl Drop for KubeletDirInRoot {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
 }
 
 /// The plugin as its own UID 60700 (landlock as strict as this kernel
@@ -424,9 +204,9 @@ fn the_plugin_as_its_own_uid_registers_with_the_real_kubelet() {
             kubelet,
             nodes,
             pods,
-            _node,
+            node: _node,
         } = scene(KubeletVersion::Pinned, PluginUser::Own).await;
-        let mode = std::fs::metadata(DEVICE_PLUGIN_DIR)
+        let mode = std::fs::metadata(kubelet.device_plugin_dir())
             .unwrap()
             .permissions()
             .mode();
@@ -435,10 +215,10 @@ fn the_plugin_as_its_own_uid_registers_with_the_real_kubelet() {
             0,
             "kubelet's directory: only an ACL lets the plugin in"
         );
-        let socket = Path::new(DEVICE_PLUGIN_DIR).join("amd.com_gpu.sock");
+        let socket = kubelet.device_plugin_dir().join("amd.com_gpu.sock");
         let owner = std::fs::metadata(&socket).unwrap().uid();
         assert_eq!(owner, tests::bus::PLUGIN_UID, "made by the plugin's UID");
-        let devices = registered(&nodes).await;
+        let devices = registered(&nodes, KUBELET_NODE).await;
         hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
         wait_running(&pods, "job", &kubelet).await;
         check_created(&kubelet, devices[0]["id"].as_str().unwrap());

@@ -4,10 +4,7 @@
 
 use std::{fs, io, path::Path, process::Command};
 
-use super::{
-    ADMIN_TOKEN,
-    kubelet::{KUBELET_NODE, KUBELET_TOKEN},
-};
+use super::{ADMIN_TOKEN, kubelet::node_token};
 
 pub const TOKENS: &str = "tokens.csv";
 pub const SA_KEY: &str = "service-account.key";
@@ -20,19 +17,21 @@ pub const SCHEDULER_CONFIG: &str = "kube-scheduler.yaml";
 const AUDIT: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
                      rules:\n- level: Metadata\n";
 
-/// Writes the tokens, the audit policy and the service-account key into `dir`.
+/// Writes the tokens (the administrator's, and a kubelet's for each of
+/// `nodes`), the audit policy and the service-account key into `dir`.
 ///
 /// # Errors
 /// When a file cannot be written or `openssl` fails.
-pub fn write_all(dir: &Path) -> io::Result<()> {
-    // token,user,uid,"group1,group2"; the kubelet's identity is its node's.
-    fs::write(
-        dir.join(TOKENS),
-        format!(
-            "{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n\
-             {KUBELET_TOKEN},system:node:{KUBELET_NODE},kubelet-uid,\"system:nodes\"\n"
-        ),
-    )?;
+pub fn write_all(dir: &Path, nodes: &[&str]) -> io::Result<()> {
+    // token,user,uid,"group1,group2"; a kubelet's identity is its node's.
+    let mut tokens = format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n");
+    for node in nodes {
+        tokens.push_str(&format!(
+            "{},system:node:{node},kubelet-{node},\"system:nodes\"\n",
+            node_token(node)
+        ));
+    }
+    fs::write(dir.join(TOKENS), tokens)?;
     fs::write(dir.join(AUDIT_POLICY), AUDIT)?;
     let key = dir.join(SA_KEY);
     let out = Command::new("openssl")

@@ -21,13 +21,18 @@
 //! - the kubelet's API authenticates and authorizes through the API server
 //!   (the defaults, written out).
 //!
-//! Two things cannot be moved: the device manager's directory is
-//! `/var/lib/kubelet/device-plugins` whatever `--root-dir` says (so one
-//! kubelet runs at a time on the machine, under a lock), and kubelet
-//! bind-mounts its root directory onto itself (unmounted when dropped).
-//! kubelet runs from an empty directory of its own: its container cleanup
-//! removes files by log path patterns, and a runtime bug there must not
-//! cost files anywhere else.
+//! One thing cannot be moved by configuration: the device manager's
+//! directory is `/var/lib/kubelet/device-plugins` whatever `--root-dir`
+//! says. Each kubelet therefore runs in a mount namespace of its own
+//! (`unshare --mount`, private propagation) in which its scratch
+//! `device-plugins` directory is bind-mounted there: several kubelets (one
+//! per node) run side by side, a device plugin outside the namespace finds
+//! the kubelet's socket in [`RealKubelet::device_plugin_dir`], and
+//! nothing of the host's real directory is touched. The namespace also
+//! holds the bind mount kubelet makes of its root directory onto itself;
+//! both go with the kubelet process. kubelet runs from an empty directory
+//! of its own: its container cleanup removes files by log path patterns,
+//! and a runtime bug there must not cost files anywhere else.
 
 use std::{
     fs::{self, File},
@@ -37,19 +42,24 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::os::unix::fs::PermissionsExt;
+
 use serde_json::Value;
 use tempfile::TempDir;
 
 use super::RealCluster;
 use crate::stack::{Process, free_port};
 
-/// The node the kubelet registers (its token names it, group
-/// `system:nodes`).
+/// The node a kubelet registers when no other is named.
 pub const KUBELET_NODE: &str = "kubelet-node";
-/// The kubelet's bearer token.
-pub const KUBELET_TOKEN: &str = "kubelet-token-for-tests";
-/// Where the device manager listens and device plugins put their sockets.
-pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// Where kubelet's device manager listens, inside its mount namespace.
+const KUBELET_DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+
+/// The bearer token of the kubelet of `node` (user `system:node:<node>`,
+/// group `system:nodes`, as the Node authorizer wants).
+pub fn node_token(node: &str) -> String {
+    format!("kubelet-token-for-{node}")
+}
 
 /// Which kubelet to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,27 +79,19 @@ impl KubeletVersion {
         }
     }
 }
-const LOCK: &str = "/tmp/amd-gpu-real-kubelet.lock";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running kubelet and its runtime; see the module documentation.
 pub struct RealKubelet {
     /// kubelet's API port on 127.0.0.1.
     pub port: u16,
+    /// The Node it registers.
+    pub node: String,
     processes: Vec<(String, Process)>,
     bin: PathBuf,
     version: KubeletVersion,
     args: Vec<String>,
     dir: TempDir,
-    _lock: File,
-}
-
-/// Holds the machine-wide lock until dropped (waits for another test's
-/// kubelet to go).
-fn lock_machine() -> io::Result<File> {
-    let file = File::create(LOCK)?;
-    file.lock()?;
-    Ok(file)
 }
 
 impl RealKubelet {
@@ -108,27 +110,42 @@ impl RealKubelet {
     /// # Errors
     /// As [`Self::start`].
     pub fn start_version(cluster: &RealCluster, version: KubeletVersion) -> io::Result<Self> {
-        let lock = lock_machine()?;
-        // A checkpoint of an earlier kubelet names pods of another cluster.
-        let _ = fs::remove_dir_all(DEVICE_PLUGIN_DIR);
+        Self::start_node(cluster, version, KUBELET_NODE)
+    }
+
+    /// [`Self::start_version`] registering `node` (whose token the cluster
+    /// was started with, [`RealCluster::start_for_nodes`]).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_node(
+        cluster: &RealCluster,
+        version: KubeletVersion,
+        node: &str,
+    ) -> io::Result<Self> {
+        // The mount point of every kubelet's own device-plugin directory.
+        fs::create_dir_all(KUBELET_DEVICE_PLUGIN_DIR)?;
         let dir = tempfile::Builder::new()
             .prefix("kubelet-")
             .tempdir_in("/dev/shm")?;
-        for sub in ["cwd", "root", "cri"] {
+        for sub in ["cwd", "root/device-plugins", "cri"] {
             fs::create_dir_all(dir.path().join(sub))?;
         }
+        // As kubelet makes the real one: root's, no access for others.
+        let plugins = dir.path().join("root/device-plugins");
+        fs::set_permissions(&plugins, fs::Permissions::from_mode(0o750))?;
         let port = free_port()?;
         let config = dir.path().join("kubelet.yaml");
         fs::write(&config, configuration(dir.path(), port, free_port()?))?;
-        let kubeconfig = cluster.kubeconfig("kubelet", KUBELET_TOKEN)?;
+        let kubeconfig = cluster.kubeconfig(&format!("kubelet-{node}"), &node_token(node))?;
         let mut kubelet = Self {
             port,
+            node: node.to_owned(),
             processes: Vec::new(),
             bin: cluster.bin().to_owned(),
             version,
             args: Vec::new(),
             dir,
-            _lock: lock,
         };
         let cri = kubelet.spawn("recording-cri", "recording-cri", &kubelet.cri_args())?;
         kubelet.processes.push(("recording-cri".into(), cri));
@@ -144,20 +161,55 @@ impl RealKubelet {
             "--cert-dir".to_owned(),
             root.join("pki").display().to_string(),
             "--hostname-override".to_owned(),
-            KUBELET_NODE.to_owned(),
+            node.to_owned(),
             "-v=2".to_owned(),
         ];
         kubelet.start_kubelet()?;
         Ok(kubelet)
     }
 
+    /// Where kubelet's device manager listens (`kubelet.sock`) and device
+    /// plugins of this node put their sockets: the directory kubelet sees as
+    /// `/var/lib/kubelet/device-plugins`. It is in [`Self::root_dir`], so
+    /// that directory looks like a host's `/var/lib/kubelet`.
+    pub fn device_plugin_dir(&self) -> PathBuf {
+        self.root_dir().join("device-plugins")
+    }
+
+    /// kubelet's `--root-dir`.
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// kubelet's pod-resources API socket.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.root_dir().join("pod-resources/kubelet.sock")
+    }
+
     fn start_kubelet(&mut self) -> io::Result<()> {
-        let process = self.spawn(self.version.binary(), "kubelet", &self.args)?;
+        let process = self.spawn_kubelet()?;
         self.processes.insert(0, ("kubelet".into(), process));
-        self.wait_for(
-            &Path::new(DEVICE_PLUGIN_DIR).join("kubelet.sock"),
-            "kubelet",
-        )
+        self.wait_for(&self.device_plugin_dir().join("kubelet.sock"), "kubelet")
+    }
+
+    /// kubelet in a mount namespace of its own, its device-plugin
+    /// directory bind-mounted where it looks for it. `unshare` and the
+    /// shell exec, so the process is kubelet's.
+    fn spawn_kubelet(&self) -> io::Result<Process> {
+        let script = format!("mount --bind \"$0\" {KUBELET_DEVICE_PLUGIN_DIR} && exec \"$@\"");
+        let mut args = vec![
+            "--mount".to_owned(),
+            "--propagation".to_owned(),
+            "private".to_owned(),
+            "--".to_owned(),
+            "sh".to_owned(),
+            "-c".to_owned(),
+            script,
+            self.device_plugin_dir().display().to_string(),
+            self.bin.join(self.version.binary()).display().to_string(),
+        ];
+        args.extend(self.args.iter().cloned());
+        self.spawn_program(Path::new("unshare"), "kubelet", &args)
     }
 
     /// Stops kubelet (SIGKILL: nothing of it runs on) and starts it again
@@ -172,7 +224,7 @@ impl RealKubelet {
             process.kill();
         }
         // kubelet removes and makes its socket anew; wait for the new one.
-        let _ = fs::remove_file(Path::new(DEVICE_PLUGIN_DIR).join("kubelet.sock"));
+        let _ = fs::remove_file(self.device_plugin_dir().join("kubelet.sock"));
         self.start_kubelet()
     }
 
@@ -199,15 +251,19 @@ impl RealKubelet {
 
     /// Runs `exe` of the built binaries, logging to `<name>.log`.
     fn spawn(&self, exe: &str, name: &str, args: &[String]) -> io::Result<Process> {
+        self.spawn_program(&self.bin.join(exe), name, args)
+    }
+
+    fn spawn_program(&self, exe: &Path, name: &str, args: &[String]) -> io::Result<Process> {
         let log = File::create(self.dir.path().join(format!("{name}.log")))?;
-        let child = Command::new(self.bin.join(exe))
+        let child = Command::new(exe)
             .args(args)
             .current_dir(self.dir.path().join("cwd"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .map_err(|e| io::Error::other(format!("starting {exe}: {e}")))?;
+            .map_err(|e| io::Error::other(format!("starting {}: {e}", exe.display())))?;
         Ok(Process(child))
     }
 
@@ -272,12 +328,6 @@ impl Drop for RealKubelet {
         for (_, process) in &mut self.processes {
             process.kill();
         }
-        let root = self.dir.path().join("root");
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&root)
-            .stderr(Stdio::null())
-            .status();
     }
 }
 

@@ -82,9 +82,18 @@ impl RealCluster {
     /// # Errors
     /// When a binary cannot be built or started, or is not ready in time.
     pub fn start() -> io::Result<Self> {
+        Self::start_for_nodes(&[kubelet::KUBELET_NODE])
+    }
+
+    /// [`Self::start`] with a kubelet token for each of `nodes`
+    /// ([`kubelet::node_token`]).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_for_nodes(nodes: &[&str]) -> io::Result<Self> {
         let bin = binaries()?;
         let dir = crate::fixture::scratch_dir()?;
-        files::write_all(dir.path())?;
+        files::write_all(dir.path(), nodes)?;
         let etcd_url = format!("http://127.0.0.1:{}", free_port()?);
         let mut cluster = Self {
             api_port: free_port()?,
