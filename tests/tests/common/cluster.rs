@@ -52,13 +52,20 @@ pub fn apply_chart(cluster: &RealCluster) -> Vec<Value> {
 /// HAMi's Filter and Bind for pod `default/<name>` granted `cus` CUs and
 /// `mem` MiB of `gpu` (a register device), written as HAMi's scheduler
 /// writes them: the pod with its annotations, the node lock, the binding.
-pub fn hami_binds(
+pub fn hami_binds(cluster: &RealCluster, name: &str, node: &str, gpu: &Value, grant: (u32, u32)) {
+    hami_places(cluster, name, node, gpu, grant);
+    bind(cluster, name, node);
+}
+
+/// [`hami_binds`] up to the binding: the pod with HAMi's annotations and
+/// the node lock; the pod's UID (for the pod cgroup kubelet would make).
+pub fn hami_places(
     cluster: &RealCluster,
     name: &str,
     node: &str,
     gpu: &Value,
     (cus, mem): (u32, u32),
-) {
+) -> String {
     let grant = tests::hami_emulator::Grant {
         id: gpu["id"].as_str().unwrap().to_owned(),
         device_type: gpu["type"].as_str().unwrap().to_owned(),
@@ -85,12 +92,19 @@ pub fn hami_binds(
         )
         .unwrap();
     assert_eq!(code, 201, "{answer}");
+    let created: Value = serde_json::from_str(&answer).unwrap();
     let lock = format!("{},default,{name}", tests::apiserver::rfc3339(now));
     let patch = json!({"metadata": {"annotations": {"hami.io/mutex.lock": lock}}}).to_string();
     let (code, answer) = cluster
         .merge_patch_as(ADMIN_TOKEN, &format!("/api/v1/nodes/{node}"), &patch)
         .unwrap();
     assert_eq!(code, 200, "{answer}");
+    created["metadata"]["uid"].as_str().unwrap().to_owned()
+}
+
+/// The binding of `default/<name>` to `node`, as kube-scheduler posts it
+/// once HAMi's Bind agreed.
+pub fn bind(cluster: &RealCluster, name: &str, node: &str) {
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                          "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
     let path = format!("/api/v1/namespaces/default/pods/{name}/binding");
