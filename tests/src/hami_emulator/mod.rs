@@ -77,26 +77,39 @@ impl HamiEmulator {
         manifest: &Value,
         policy: GpuPolicy,
     ) -> Result<Placement, FilterError> {
+        let node = api.get(Kind::Node, "", &self.node);
+        let register = node
+            .as_ref()
+            .and_then(|n| n["metadata"]["annotations"][REGISTER_KEY].as_str());
+        self.place(register, &api.list(Kind::Pod), manifest, policy)
+    }
+
+    /// HAMi's Filter for the pod `manifest` on this node, from the node's
+    /// register annotation and every pod of the cluster (as JSON), whoever
+    /// serves them.
+    ///
+    /// # Errors
+    /// As [`Self::filter`].
+    pub fn place(
+        &self,
+        register: Option<&str>,
+        pods: &[Value],
+        manifest: &Value,
+        policy: GpuPolicy,
+    ) -> Result<Placement, FilterError> {
         let pod: Pod =
             serde_json::from_value(manifest.clone()).map_err(|e| FilterError::BadPod {
                 message: e.to_string(),
             })?;
-        let register = api
-            .get(Kind::Node, "", &self.node)
-            .and_then(|n| {
-                n["metadata"]["annotations"][REGISTER_KEY]
-                    .as_str()
-                    .map(str::to_owned)
-            })
-            .ok_or_else(|| FilterError::NotRegistered {
-                node: self.node.clone(),
-            })?;
-        let devices = decode_register(&register).map_err(|e| FilterError::BadRegister {
+        let register = register.ok_or_else(|| FilterError::NotRegistered {
+            node: self.node.clone(),
+        })?;
+        let devices = decode_register(register).map_err(|e| FilterError::BadRegister {
             node: self.node.clone(),
             message: e.to_string(),
         })?;
         let requests = request::requests(&pod)?;
-        let usage = node_usage(&devices, &self.node, &api.list(Kind::Pod));
+        let usage = node_usage(&devices, &self.node, pods);
         let selection = Selection::of(&pod, policy);
         let grants = fit(&self.node, &usage, &requests, &selection)?;
         Ok(Placement { requests, grants })

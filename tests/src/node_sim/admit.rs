@@ -45,6 +45,7 @@ pub async fn admit(
         Err(err) => {
             unschedulable(session, pod, &err);
             session
+                .host
                 .progress
                 .step(&node.name, &format!("HAMi cannot place pod {}", pod.name));
             report.reason = Some(err.to_string());
@@ -61,7 +62,7 @@ pub async fn admit(
         .flatten()
         .map(|g| labels.get(&g.id).map_or(g.id.as_str(), String::as_str))
         .collect();
-    session.progress.step(
+    session.host.progress.step(
         &node.name,
         &format!("HAMi placed pod {} on {}", pod.name, devices.join(", ")),
     );
@@ -191,7 +192,7 @@ async fn start_containers(
             },
         };
         if let Err(why) = &outcome {
-            session.progress.step(
+            session.host.progress.step(
                 &node.name,
                 &format!(
                     "container {} of pod {} did not start: PreStartContainer {why}",

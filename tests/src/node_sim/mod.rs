@@ -67,12 +67,9 @@ impl Progress {
     }
 }
 
-/// What every node shares: the fake API server, the scratch directory, and
-/// how to start the processes.
-pub struct Session {
-    pub api: FakeApiServer,
-    /// The kubeconfig of [`Self::api`].
-    pub kubeconfig: PathBuf,
+/// What every node shares, whatever the cluster: progress, the scratch
+/// directory, and how to start the processes.
+pub struct Host {
     pub progress: Progress,
     /// The binary that runs amd-gpud (`EXE gpud ...`) and the plugin (`EXE plugin ...`).
     pub exe: PathBuf,
@@ -80,8 +77,40 @@ pub struct Session {
     pub bus_policy: Policy,
     /// The UID everything runs as (amd-gpud's `--plugin-uid`).
     pub uid: u32,
-    /// Fake host roots, logs, the kubeconfig; removed last.
+    /// Fake host roots, logs, kubeconfigs; removed last.
     pub dir: TempDir,
+}
+
+impl Host {
+    /// A fresh scratch directory and our UID.
+    ///
+    /// # Errors
+    /// When the directory cannot be made or the UID read.
+    pub fn new(exe: PathBuf, quiet: bool) -> Result<Self, SimError> {
+        let dir = scratch().map_err(SimError::start("a scratch directory"))?;
+        let uid = bus::effective_uid().map_err(SimError::start("reading our UID"))?;
+        let bus_policy = if uid == 0 {
+            Policy::Shipped
+        } else {
+            Policy::Unprivileged
+        };
+        Ok(Self {
+            progress: Progress::new(quiet),
+            exe,
+            bus_policy,
+            uid,
+            dir,
+        })
+    }
+}
+
+/// The fake cluster's session: its API server and what every node shares.
+pub struct Session {
+    pub api: FakeApiServer,
+    /// The kubeconfig of [`Self::api`].
+    pub kubeconfig: PathBuf,
+    /// Dropped last (it holds the scratch directory).
+    pub host: Host,
 }
 
 impl Session {
@@ -90,25 +119,15 @@ impl Session {
     /// # Errors
     /// When the directory or the server cannot be made.
     pub fn start(exe: PathBuf, quiet: bool) -> Result<Self, SimError> {
-        let progress = Progress::new(quiet);
-        let dir = scratch().map_err(SimError::start("a scratch directory"))?;
+        let host = Host::new(exe, quiet)?;
         let api = FakeApiServer::start().map_err(SimError::start("the fake API server"))?;
-        let kubeconfig = api.kubeconfig(dir.path());
-        let uid = bus::effective_uid().map_err(SimError::start("reading our UID"))?;
-        let bus_policy = if uid == 0 {
-            Policy::Shipped
-        } else {
-            Policy::Unprivileged
-        };
-        progress.step("api-server", &format!("fake API server at {}", api.url()));
+        let kubeconfig = api.kubeconfig(host.dir.path());
+        host.progress
+            .step("api-server", &format!("fake API server at {}", api.url()));
         Ok(Self {
             api,
             kubeconfig,
-            progress,
-            exe,
-            bus_policy,
-            uid,
-            dir,
+            host,
         })
     }
 }
@@ -155,12 +174,12 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
         .map(ToString::to_string)
         .collect();
     let report = Report {
-        bus_policy: format!("{:?}", session.bus_policy),
+        bus_policy: format!("{:?}", session.host.bus_policy),
         gpu_policy: format!("{policy:?}").to_lowercase(),
         nodes: node_reports,
         pods: reports,
         overlaps,
-        elapsed_ms: session.progress.elapsed_ms(),
+        elapsed_ms: session.host.progress.elapsed_ms(),
     };
     Ok(Simulation {
         report,

@@ -15,7 +15,7 @@ use std::{
 use serde_json::{Value, json};
 
 use super::{
-    Session,
+    Host, Progress, Session,
     error::SimError,
     options::{Mode, fixture_name},
 };
@@ -53,19 +53,36 @@ pub struct SimNode {
     /// Where the processes' logs are.
     pub dir: PathBuf,
     plugin: Process,
-    gpud: Process,
     pub kubelet: FakeKubelet,
-    bus: PrivateBus,
+    host: NodeHost,
 }
 
-impl SimNode {
-    /// Builds the node for `--node` `node` in `mode` and starts its stack.
+/// What a node runs below the plugin: its fake host root, a private bus and
+/// amd-gpud on it. Fields drop in order: amd-gpud first, the bus last.
+pub struct NodeHost {
+    /// `<fixture>-<mode>`.
+    pub name: String,
+    pub fixture: String,
+    /// The AMD SMI ABI the fake library mimics, if amd-gpud loaded one.
+    pub amdsmi: Option<String>,
+    /// The fake host root.
+    pub root: PathBuf,
+    /// Where the processes' logs are.
+    pub dir: PathBuf,
+    pub gpud: Process,
+    pub bus: PrivateBus,
+}
+
+impl NodeHost {
+    /// Builds the fake host root of `--node` `node` for `mode` (with the
+    /// dmem cgroup tree, the memory hook and the fake AMD SMI library of
+    /// `amdsmi`, or none) and starts its bus and amd-gpud.
     ///
     /// # Errors
     /// An unknown node, a fixture that cannot be written, a process that
     /// cannot start, exits, or does not get ready in time.
     pub async fn start(
-        session: &Session,
+        host: &Host,
         node: &str,
         mode: Mode,
         amdsmi: &str,
@@ -76,9 +93,9 @@ impl SimNode {
             known: fixture::names().join(", "),
         })?;
         let name = format!("{fixture}-{}", mode.as_str());
-        let dir = session.dir.path().join(&name);
+        let dir = host.dir.path().join(&name);
         let root = dir.join("root");
-        let say = |msg: &str| session.progress.step(&name, msg);
+        let say = |msg: &str| host.progress.step(&name, msg);
         say(&format!("building the fake {fixture} host root"));
         let abi = (amdsmi != "none").then(|| amdsmi.to_owned());
         let fixture_error = |source| SimError::Fixture {
@@ -94,15 +111,12 @@ impl SimNode {
         write_dmem_cgroups(&spec, &root, CgroupDriver::Systemd).map_err(fixture_error)?;
         install_hook(&root).map_err(fixture_error)?;
         let library = match (abi, built.amdsmi_fixture) {
-            (Some(abi), Some(json)) => fake_library(session, &name, abi, json).await,
+            (Some(abi), Some(json)) => fake_library(&host.progress, &name, abi, json).await,
             _ => None,
         };
-        let bus = PrivateBus::start(session.bus_policy).map_err(SimError::start("dbus-daemon"))?;
-        say(&format!(
-            "private D-Bus up ({:?} policy)",
-            session.bus_policy
-        ));
-        let gpud = start_gpud(session, &bus, &dir, &root, library.as_ref()).await?;
+        let bus = PrivateBus::start(host.bus_policy).map_err(SimError::start("dbus-daemon"))?;
+        say(&format!("private D-Bus up ({:?} policy)", host.bus_policy));
+        let gpud = start_gpud(host, &bus, &dir, &root, library.as_ref()).await?;
         let amdsmi = library.map(|(abi, _, _)| abi);
         say(&format!(
             "amd-gpud owns io.hami.AmdGpu1 ({})",
@@ -110,37 +124,93 @@ impl SimNode {
                 .as_ref()
                 .map_or("sysfs only".to_owned(), |abi| format!("fake AMD SMI {abi}"))
         ));
+        Ok(Self {
+            name,
+            fixture,
+            amdsmi,
+            root,
+            dir,
+            gpud,
+            bus,
+        })
+    }
+
+    /// The plugin's and amd-gpud's log files.
+    pub fn logs(&self) -> [PathBuf; 2] {
+        [self.dir.join("plugin.log"), self.dir.join("amd-gpud.log")]
+    }
+
+    /// Fails when amd-gpud has exited.
+    ///
+    /// # Errors
+    /// [`SimError::Exited`] with the end of its log.
+    pub fn check_gpud(&mut self) -> Result<(), SimError> {
+        exited("amd-gpud", &mut self.gpud, &self.dir.join("amd-gpud.log"))
+    }
+}
+
+/// Where the plugin finds kubelet and the API server.
+pub struct PluginPlaces {
+    /// Its `--kubelet-dir`.
+    pub kubelet_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    /// kubelet's pod-resources socket, when there is a kubelet that serves it.
+    pub pod_resources: Option<PathBuf>,
+}
+
+impl SimNode {
+    /// Builds the node for `--node` `node` in `mode` and starts its stack.
+    ///
+    /// # Errors
+    /// An unknown node, a fixture that cannot be written, a process that
+    /// cannot start, exits, or does not get ready in time.
+    pub async fn start(
+        session: &Session,
+        node: &str,
+        mode: Mode,
+        amdsmi: &str,
+    ) -> Result<Self, SimError> {
+        let host = NodeHost::start(&session.host, node, mode, amdsmi).await?;
+        let name = host.name.clone();
         session
             .api
             .put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": name,
-            "labels": {"kubernetes.io/hostname": name, "node-sim/fixture": fixture,
+            "labels": {"kubernetes.io/hostname": name, "node-sim/fixture": host.fixture,
                        "node-sim/mode": mode.as_str()}}}));
         let kubelet = FakeKubelet::start()
             .await
             .map_err(SimError::start("the fake kubelet"))?;
-        let plugin = start_plugin(session, &bus, &kubelet, &dir, &name, mode)?;
+        let places = Self::places(session, &kubelet);
+        let plugin = start_plugin(&session.host, &host, &places, mode)?;
         let mut node = Self {
             hami: HamiEmulator { node: name.clone() },
             name,
-            fixture,
+            fixture: host.fixture.clone(),
             mode,
-            amdsmi,
+            amdsmi: host.amdsmi.clone(),
             used: HashSet::new(),
-            root,
-            dir,
+            root: host.root.clone(),
+            dir: host.dir.clone(),
             plugin,
-            gpud,
             kubelet,
-            bus,
+            host,
         };
         let devices = node.wait_registered(session).await?;
         node.set_capacity(session, devices);
-        session.progress.step(
+        session.host.progress.step(
             &node.name,
             &format!("plugin registered: {devices} kubelet devices, {REGISTER_KEY} published"),
         );
         Ok(node)
+    }
+
+    fn places(session: &Session, kubelet: &FakeKubelet) -> PluginPlaces {
+        PluginPlaces {
+            kubelet_dir: kubelet.dir().to_path_buf(),
+            kubeconfig: session.kubeconfig.clone(),
+            pod_resources: None,
+        }
     }
 
     /// Kills the plugin and starts a new one (amd-gpud, kubelet and the API
@@ -154,8 +224,8 @@ impl SimNode {
         let registered = self.kubelet.registrations().len();
         let updates = self.kubelet.list_and_watch_updates();
         let devices = self.kubelet.devices().len();
-        let (bus, dir) = (&self.bus, &self.dir);
-        self.plugin = start_plugin(session, bus, &self.kubelet, dir, &self.name, self.mode)?;
+        let places = Self::places(session, &self.kubelet);
+        self.plugin = start_plugin(&session.host, &self.host, &places, self.mode)?;
         let log = self.dir.join("plugin.log");
         self.kubelet
             .wait_registrations(registered + 1, STEP_TIMEOUT)
@@ -198,7 +268,7 @@ impl SimNode {
                 }
             }
             exited("the plugin", &mut self.plugin, &log)?;
-            exited("amd-gpud", &mut self.gpud, &self.dir.join("amd-gpud.log"))?;
+            self.host.check_gpud()?;
             if start.elapsed() > STEP_TIMEOUT {
                 return Err(timeout("the plugin's registration", &log));
             }
@@ -221,12 +291,12 @@ impl SimNode {
 
     /// The plugin's and amd-gpud's log files.
     pub fn logs(&self) -> [PathBuf; 2] {
-        [self.dir.join("plugin.log"), self.dir.join("amd-gpud.log")]
+        self.host.logs()
     }
 
     /// The bus amd-gpud is on.
     pub fn bus_address(&self) -> &str {
-        &self.bus.address
+        &self.host.bus.address
     }
 }
 
@@ -255,12 +325,12 @@ fn hook_dir(root: &Path) -> PathBuf {
 /// The fake `libamd_smi.so` for `abi` (built by cargo on first use) and its
 /// fixture; `None`, said, when it cannot be built.
 async fn fake_library(
-    session: &Session,
+    progress: &Progress,
     node: &str,
     abi: String,
     fixture: PathBuf,
 ) -> Option<(String, PathBuf, PathBuf)> {
-    session.progress.step(
+    progress.step(
         node,
         "fake libamd_smi.so (cargo build: slow only the first time)",
     );
@@ -274,7 +344,7 @@ async fn fake_library(
         Ok(library) => Some((abi, library, fixture)),
         Err(err) => {
             let first = err.lines().next().unwrap_or_default();
-            session.progress.step(
+            progress.step(
                 node,
                 &format!("no fake AMD SMI ({first}): amd-gpud reads sysfs only"),
             );
@@ -284,7 +354,7 @@ async fn fake_library(
 }
 
 async fn start_gpud(
-    session: &Session,
+    host: &Host,
     bus: &PrivateBus,
     dir: &Path,
     root: &Path,
@@ -292,14 +362,14 @@ async fn start_gpud(
 ) -> Result<Process, SimError> {
     let log_path = dir.join("amd-gpud.log");
     let log = File::create(&log_path).map_err(SimError::start("amd-gpud's log"))?;
-    let mut cmd = Command::new(&session.exe);
+    let mut cmd = Command::new(&host.exe);
     cmd.args(["gpud", "--log", "info", "serve", "--bus-address"])
         .arg(&bus.address)
         .arg("--host-root")
         .arg(root)
         .args(["--rescan-interval", "0", "--kubelet-socket-access", "off"])
         .args(["--dmem-any-fs", "--plugin-uid"])
-        .arg(session.uid.to_string())
+        .arg(host.uid.to_string())
         .arg("--amdsmi");
     match library {
         Some((_, lib, fixture)) => {
@@ -327,46 +397,51 @@ async fn start_gpud(
     Ok(gpud)
 }
 
-/// Starts the plugin, its log appended to `dir/plugin.log`.
-fn start_plugin(
-    session: &Session,
-    bus: &PrivateBus,
-    kubelet: &FakeKubelet,
-    dir: &Path,
-    node: &str,
+/// Starts the plugin of `node` in `mode`, its log appended to
+/// `<node dir>/plugin.log`.
+///
+/// # Errors
+/// When the log cannot be opened or the plugin cannot be spawned.
+pub fn start_plugin(
+    host: &Host,
+    node: &NodeHost,
+    places: &PluginPlaces,
     mode: Mode,
 ) -> Result<Process, SimError> {
-    let hook = hook_dir(&dir.join("root"));
     let log = File::options()
         .create(true)
         .append(true)
-        .open(dir.join("plugin.log"))
+        .open(node.dir.join("plugin.log"))
         .map_err(SimError::start("the plugin's log"))?;
+    let pod_resources = places
+        .pod_resources
+        .as_ref()
+        .map_or_else(|| "none".into(), |p| p.clone().into_os_string());
     let args: Vec<OsString> = vec![
         "plugin".into(),
         "--bus-address".into(),
-        bus.address.clone().into(),
+        node.bus.address.clone().into(),
         "--kubelet-dir".into(),
-        kubelet.dir().into(),
+        places.kubelet_dir.clone().into(),
         "--kube".into(),
-        session.kubeconfig.clone().into(),
+        places.kubeconfig.clone().into(),
         "--node-name".into(),
-        node.into(),
+        node.name.clone().into(),
         "--hook-path".into(),
-        hook.into(),
+        hook_dir(&node.root).into(),
         "--operating-mode".into(),
         mode.as_str().into(),
         "--dmem-backend".into(),
         "on".into(),
         "--pod-resources-socket".into(),
-        "none".into(),
+        pod_resources,
         "--sandbox".into(),
         "best-effort".into(),
         // Two simulated nodes run side by side: no fixed metrics port.
         "--metrics-address".into(),
         "none".into(),
     ];
-    let child = Command::new(&session.exe)
+    let child = Command::new(&host.exe)
         .args(args)
         .env("AMDGPU_DP_LOG", "info")
         .stdin(Stdio::null())
@@ -378,7 +453,7 @@ fn start_plugin(
 }
 
 /// An error when `process` has exited, with the end of its log.
-fn exited(what: &str, process: &mut Process, log: &Path) -> Result<(), SimError> {
+pub fn exited(what: &str, process: &mut Process, log: &Path) -> Result<(), SimError> {
     match process.0.try_wait() {
         Ok(Some(status)) => Err(SimError::Exited {
             what: what.to_owned(),
