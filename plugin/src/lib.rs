@@ -263,7 +263,7 @@ fn start_kube(
     ));
     KubeSide {
         hint: Arc::new(allocate::HamiHint {
-            caches: caches.clone(),
+            allocator: allocator.clone(),
         }),
         caches,
         allocator,

@@ -172,6 +172,38 @@ async fn preferred_follows_hami(w: &World) {
     kubelet.allocate(ids).await.unwrap();
 }
 
+/// The real kubelet asks for its preference as soon as it sees the pod
+/// bound, when the plugin's watch has often not delivered it yet (measured
+/// with kubelet 1.36 in `node-sim --cluster real`): the plugin must still
+/// name the GPU HAMi chose, reading the pod from the API server.
+#[test]
+fn the_preference_follows_hami_when_the_watch_lags() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), async {
+        let w = world().await;
+        let (api, kubelet, g5) = (&w.api, &w.kubelet, &w.gpus[5]);
+        let lag = tests::apiserver::WatchDelay {
+            fixed: Duration::from_secs(3),
+            random: Duration::ZERO,
+        };
+        api.set_watch_delay(lag, 1);
+        schedule(api, "lagged", &[(g5, 1024, 38)], 110);
+        api.reset_requests();
+        let available: Vec<String> = kubelet.devices().iter().map(|d| d.id.clone()).collect();
+        let ids = kubelet
+            .preferred_allocation(available, vec![], 1)
+            .await
+            .unwrap();
+        assert_eq!(ids, [format!("{}#0", g5.id)], "the GPU HAMi chose");
+        let reads = api.requests();
+        assert!(reads.get > 0, "read from the API server: {reads:?}");
+        let answer = kubelet.allocate(ids).await.unwrap();
+        assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-37");
+    });
+}
+
 async fn two_containers_across_a_plugin_restart(w: &mut World) {
     let g2 = &w.gpus[2];
     let one: &[(&Gpu, u32, u32)] = &[(g2, 1024, 38)];

@@ -2,61 +2,91 @@
 //! the GPUs annotated for the container being admitted, so kubelet's records
 //! name the GPUs HAMi chose. Without such an annotation the topology policy
 //! answers instead.
+//!
+//! The real kubelet asks as soon as it sees the pod bound, which is when
+//! our watch sees it too: the cached view often does not name the pod yet
+//! (measured with kubelet 1.36: three of six example pods got slots of
+//! other GPUs). The pod is therefore looked up the way Allocate looks it
+//! up (pods known ahead of the cache, the cache, then the API server once),
+//! and a pod read from the API server joins the view for Allocate.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, future::Future, pin::Pin, sync::Arc};
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::pod;
+use super::{Allocator, pod};
 use crate::{
     allocator::parse_slot,
     hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
-    kube::Caches,
     kubelet::AllocationHint,
 };
 
-/// HAMi's choice, read from the watch caches.
+/// HAMi's choice, read from Allocate's view of the pods.
 #[derive(Clone)]
 pub struct HamiHint {
-    pub caches: Caches,
+    pub allocator: Arc<Allocator>,
 }
 
 impl std::fmt::Debug for HamiHint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HamiHint")
-            .field("node", &self.caches.node_name)
+            .field("node", &self.allocator.caches.node_name)
             .finish()
     }
 }
 
 impl AllocationHint for HamiHint {
-    fn preferred(
-        &self,
-        available: &[String],
-        must_include: &[String],
+    fn preferred<'a>(
+        &'a self,
+        available: &'a [String],
+        must_include: &'a [String],
         size: usize,
-    ) -> Option<Vec<String>> {
-        if !must_include.is_empty() {
-            return None;
-        }
-        let node = self.caches.node();
-        let pods = self.caches.pods.state();
-        let pod = pod::find(node.as_deref(), &pods, &self.caches.node_name, size).ok()?;
-        let value = pod.annotations().get(TO_ALLOCATE_KEY)?;
-        let entry = parse_pod_devices(DevicesAnnotation::ToAllocate, value)
-            .ok()?
-            .into_iter()
-            .find(|c| !c.is_empty())?;
-        let mut taken = HashSet::new();
-        let mut ids = Vec::with_capacity(entry.len());
-        for device in &entry {
-            let id = available.iter().find(|id| {
-                !taken.contains(id.as_str())
-                    && parse_slot(id).is_some_and(|(gpu, _)| gpu == device.uuid)
-            })?;
-            taken.insert(id.as_str());
-            ids.push(id.clone());
-        }
-        Some(ids)
+    ) -> Pin<Box<dyn Future<Output = Option<Vec<String>>> + Send + 'a>> {
+        Box::pin(async move {
+            if !must_include.is_empty() {
+                return None;
+            }
+            let pod = self.allocator.pod_being_bound(size).await?;
+            slots_for(&pod, available)
+        })
     }
+}
+
+impl Allocator {
+    /// The pod HAMi is binding for a request of `size` devices: from the
+    /// view Allocate plans on, else read once from the API server (and
+    /// then known ahead of the cache).
+    async fn pod_being_bound(&self, size: usize) -> Option<Arc<Pod>> {
+        let node = self.caches.node();
+        let (mark, cached) = self.caches.pods_with_mark();
+        let (pods, _) = self.ours.view(mark, cached);
+        if let Ok(pod) = pod::find(node.as_deref(), &pods, &self.caches.node_name, size) {
+            return Some(pod);
+        }
+        let pod = self.lock_owner_from_api(size).await?;
+        self.ours.learned(Arc::clone(&pod));
+        Some(pod)
+    }
+}
+
+/// One free slot of each GPU of the pod's next `to-allocate` entry, in
+/// its order; `None` when a GPU has no free slot among `available`.
+fn slots_for(pod: &Pod, available: &[String]) -> Option<Vec<String>> {
+    let value = pod.annotations().get(TO_ALLOCATE_KEY)?;
+    let entry = parse_pod_devices(DevicesAnnotation::ToAllocate, value)
+        .ok()?
+        .into_iter()
+        .find(|c| !c.is_empty())?;
+    let mut taken = HashSet::new();
+    let mut ids = Vec::with_capacity(entry.len());
+    for device in &entry {
+        let id = available.iter().find(|id| {
+            !taken.contains(id.as_str())
+                && parse_slot(id).is_some_and(|(gpu, _)| gpu == device.uuid)
+        })?;
+        taken.insert(id.as_str());
+        ids.push(id.clone());
+    }
+    Some(ids)
 }

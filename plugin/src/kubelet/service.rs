@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service kubelet calls, over the device table.
 
-use std::{pin::Pin, sync::Arc, time::Instant};
+use std::{future::Future, pin::Pin, sync::Arc, time::Instant};
 
 use futures_util::Stream;
 use proto::v1beta1::{
@@ -21,12 +21,12 @@ use crate::{allocator, config::KubeAccess, devices::DeviceTable, metrics::Metric
 /// GetPreferredAllocation; `None` falls back to the allocator policy.
 pub trait AllocationHint: Send + Sync + std::fmt::Debug {
     /// Preferred device ids for one container request, if this source knows.
-    fn preferred(
-        &self,
-        available: &[String],
-        must_include: &[String],
+    fn preferred<'a>(
+        &'a self,
+        available: &'a [String],
+        must_include: &'a [String],
         size: usize,
-    ) -> Option<Vec<String>>;
+    ) -> Pin<Box<dyn Future<Output = Option<Vec<String>>> + Send + 'a>>;
 }
 
 /// What the service answers with.
@@ -133,24 +133,20 @@ impl DevicePlugin for PluginService {
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
         let topology = self.devices.borrow().topology.clone();
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .into_iter()
-            .map(|req| {
-                let size = usize::try_from(req.allocation_size).unwrap_or(0);
-                let (available, must) = (&req.available_device_i_ds, &req.must_include_device_i_ds);
-                let hinted = self
-                    .hint
-                    .as_ref()
-                    .and_then(|h| h.preferred(available, must, size));
-                let ids = hinted.unwrap_or_else(|| {
-                    allocator::preferred(self.policy, &topology, available, must, size)
-                });
-                debug!(?ids, size, "GetPreferredAllocation");
-                ContainerPreferredAllocationResponse { device_i_ds: ids }
-            })
-            .collect();
+        let mut container_responses = Vec::new();
+        for req in request.into_inner().container_requests {
+            let size = usize::try_from(req.allocation_size).unwrap_or(0);
+            let (available, must) = (&req.available_device_i_ds, &req.must_include_device_i_ds);
+            let hinted = match &self.hint {
+                Some(hint) => hint.preferred(available, must, size).await,
+                None => None,
+            };
+            let ids = hinted.unwrap_or_else(|| {
+                allocator::preferred(self.policy, &topology, available, must, size)
+            });
+            debug!(?ids, size, "GetPreferredAllocation");
+            container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
+        }
         Ok(Response::new(PreferredAllocationResponse {
             container_responses,
         }))
@@ -217,8 +213,13 @@ mod tests {
     struct Fixed(Vec<String>);
 
     impl AllocationHint for Fixed {
-        fn preferred(&self, _: &[String], _: &[String], _: usize) -> Option<Vec<String>> {
-            Some(self.0.clone())
+        fn preferred<'a>(
+            &'a self,
+            _: &'a [String],
+            _: &'a [String],
+            _: usize,
+        ) -> Pin<Box<dyn Future<Output = Option<Vec<String>>> + Send + 'a>> {
+            Box::pin(std::future::ready(Some(self.0.clone())))
         }
     }
 
