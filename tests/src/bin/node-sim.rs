@@ -18,7 +18,7 @@ use std::{ffi::OsString, io::Write, process::ExitCode};
 
 use anyhow::Context;
 use clap::Parser;
-use tests::node_sim::{self, Options, Simulation, render};
+use tests::node_sim::{Options, Run, render};
 
 fn main() -> ExitCode {
     let mut argv: Vec<OsString> = std::env::args_os().collect();
@@ -52,7 +52,7 @@ fn run(options: &Options) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let sim = tokio::select! {
-            sim = node_sim::run(options, exe) => sim?,
+            sim = Run::start(options, exe) => sim?,
             why = stop_signal() => {
                 eprintln!("node-sim: {why}; stopping everything it started");
                 return Ok(ExitCode::from(130));
@@ -64,8 +64,12 @@ fn run(options: &Options) -> anyhow::Result<ExitCode> {
             let why = stop_signal().await;
             eprintln!("node-sim: {why}; stopping everything it started");
         }
-        let started = sim.report.pods.iter().all(|p| !p.scheduled || p.started());
-        let overlaps = sim.report.overlaps.clone();
+        let started = sim
+            .report()
+            .pods
+            .iter()
+            .all(|p| !p.scheduled || p.started());
+        let overlaps = sim.report().overlaps.clone();
         drop(sim);
         for overlap in &overlaps {
             eprintln!("node-sim: CU OVERLAP: {overlap}");
@@ -80,40 +84,21 @@ fn run(options: &Options) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn print(options: &Options, sim: &Simulation) -> anyhow::Result<()> {
+fn print(options: &Options, sim: &Run) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if options.json {
-        serde_json::to_writer_pretty(&mut out, &sim.report).context("writing the report")?;
+        serde_json::to_writer_pretty(&mut out, sim.report()).context("writing the report")?;
         writeln!(out)?;
     } else {
-        render::write_text(&sim.report, &mut out).context("writing the report")?;
+        render::write_text(sim.report(), &mut out).context("writing the report")?;
     }
     out.flush()?;
     Ok(())
 }
 
-/// How to look at the fake API server (on stderr with `--json`).
-fn keep_running(options: &Options, sim: &Simulation) -> anyhow::Result<()> {
-    let kubeconfig = sim.session.kubeconfig.display();
-    let mut text = format!(
-        "\nEverything keeps running; Ctrl-C stops it. The fake API server is {}:\n  \
-         export KUBECONFIG={kubeconfig}\n  kubectl get nodes\n",
-        sim.session.api.url()
-    );
-    for node in &sim.nodes {
-        text.push_str(&format!("  kubectl get node {} -o yaml\n", node.name));
-    }
-    text.push_str("  kubectl get pods -o yaml\n");
-    for node in &sim.nodes {
-        let [plugin, gpud] = node.logs();
-        text.push_str(&format!(
-            "{}: bus {}, logs {} and {}\n",
-            node.name,
-            node.bus_address(),
-            plugin.display(),
-            gpud.display()
-        ));
-    }
+/// How to look at what keeps running (on stderr with `--json`).
+fn keep_running(options: &Options, sim: &Run) -> anyhow::Result<()> {
+    let text = sim.how_to_look();
     if options.json {
         eprint!("{text}");
     } else {

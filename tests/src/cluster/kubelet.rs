@@ -282,6 +282,11 @@ impl RealKubelet {
         Ok(())
     }
 
+    /// kubelet's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("kubelet.log")
+    }
+
     /// The last lines of `kubelet`'s or `recording-cri`'s log.
     pub fn log_tail(&self, name: &str) -> String {
         let log = self.dir.path().join(format!("{name}.log"));

@@ -241,6 +241,24 @@ impl HamiEmulator {
         self.store_bound(api, pod, containers, now);
     }
 
+    /// The annotations HAMi's Filter and Bind write on a pod granted
+    /// `containers` at Unix time `now`.
+    pub fn bind_annotations(
+        &self,
+        containers: &[Vec<Grant>],
+        now: u64,
+    ) -> [(&'static str, String); 6] {
+        let entry = encode(containers);
+        [
+            ("hami.io/vgpu-node", self.node.clone()),
+            ("hami.io/vgpu-time", now.to_string()),
+            ("hami.io/amd-devices-to-allocate", entry.clone()),
+            (filter::ALLOCATED_KEY, entry),
+            ("hami.io/bind-phase", "allocating".to_owned()),
+            ("hami.io/bind-time", now.to_string()),
+        ]
+    }
+
     /// Stores `pod` with Filter's and Bind's annotations, bound and Pending.
     fn store_bound(
         &self,
@@ -249,16 +267,7 @@ impl HamiEmulator {
         containers: &[Vec<Grant>],
         now: u64,
     ) {
-        let entry = encode(containers);
-        let annotations = [
-            ("hami.io/vgpu-node", self.node.clone()),
-            ("hami.io/vgpu-time", now.to_string()),
-            ("hami.io/amd-devices-to-allocate", entry.clone()),
-            (filter::ALLOCATED_KEY, entry),
-            ("hami.io/bind-phase", "allocating".to_owned()),
-            ("hami.io/bind-time", now.to_string()),
-        ];
-        for (key, value) in annotations {
+        for (key, value) in self.bind_annotations(containers, now) {
             pod["metadata"]["annotations"][key] = json!(value);
         }
         pod["metadata"]["labels"]["hami.io/vgpu-node"] = json!(self.node);

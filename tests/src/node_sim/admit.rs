@@ -130,7 +130,7 @@ async fn allocate(
 }
 
 /// Whether kubelet device ids `ids` are slots of the granted GPUs, in order.
-fn follows(ids: &[String], grants: &[Grant]) -> bool {
+pub fn follows(ids: &[String], grants: &[Grant]) -> bool {
     ids.len() == grants.len()
         && ids
             .iter()
@@ -206,7 +206,7 @@ async fn start_containers(
 }
 
 /// Kubernetes' QoS class of a pod manifest (cpu and memory only).
-fn qos_class(manifest: &Value) -> QosClass {
+pub fn qos_class(manifest: &Value) -> QosClass {
     let containers: Vec<&Value> = ["initContainers", "containers"]
         .iter()
         .filter_map(|k| manifest["spec"][k].as_array())
@@ -273,7 +273,7 @@ fn unschedulable(session: &Session, pod: &ExamplePod, err: &FilterError) {
     );
 }
 
-fn rejections(err: &FilterError) -> Vec<Rejection> {
+pub fn rejections(err: &FilterError) -> Vec<Rejection> {
     match err {
         FilterError::NoFit { rejections, .. } => rejections
             .iter()
@@ -287,7 +287,7 @@ fn rejections(err: &FilterError) -> Vec<Rejection> {
     }
 }
 
-fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

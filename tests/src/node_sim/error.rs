@@ -57,6 +57,10 @@ pub enum SimError {
         secs: u64,
         log: PathBuf,
     },
+    #[error(
+        "--cluster real runs kubelet, which needs root; this is UID {uid} (try sudo, or --cluster fake)"
+    )]
+    NeedsRoot { uid: u32 },
     #[error("{what} exited early ({status}); the end of its log ({}):\n{tail}", log.display())]
     Exited {
         what: String,

@@ -16,6 +16,7 @@ pub mod node;
 pub mod options;
 pub mod picture;
 pub mod pods;
+pub mod real;
 pub mod render;
 pub mod report;
 
@@ -132,6 +133,66 @@ impl Session {
     }
 }
 
+/// A finished run of either cluster; dropping it stops everything.
+pub enum Run {
+    Fake(Simulation),
+    Real(real::RealSimulation),
+}
+
+impl Run {
+    /// Runs the cluster `--cluster` names.
+    ///
+    /// # Errors
+    /// As [`run`] and [`real::run`].
+    pub async fn start(options: &Options, exe: PathBuf) -> Result<Self, SimError> {
+        Ok(match options.cluster {
+            options::ClusterArg::Fake => Self::Fake(run(options, exe).await?),
+            options::ClusterArg::Real => Self::Real(real::run(options, exe).await?),
+        })
+    }
+
+    pub fn report(&self) -> &Report {
+        match self {
+            Self::Fake(sim) => &sim.report,
+            Self::Real(sim) => &sim.report,
+        }
+    }
+
+    /// How to look at what keeps running (`--keep-running`).
+    pub fn how_to_look(&self) -> String {
+        match self {
+            Self::Fake(sim) => sim.how_to_look(),
+            Self::Real(sim) => sim.how_to_look(),
+        }
+    }
+}
+
+impl Simulation {
+    fn how_to_look(&self) -> String {
+        let mut text = format!(
+            "\nEverything keeps running; Ctrl-C stops it. The fake API server is {}:\n  \
+             export KUBECONFIG={}\n  kubectl get nodes\n",
+            self.session.api.url(),
+            self.session.kubeconfig.display()
+        );
+        for node in &self.nodes {
+            text.push_str(&format!("  kubectl get node {} -o yaml\n", node.name));
+        }
+        text.push_str("  kubectl get pods -o yaml\n");
+        for node in &self.nodes {
+            let [plugin, gpud] = node.logs();
+            text.push_str(&format!(
+                "{}: bus {}, logs {} and {}\n",
+                node.name,
+                node.bus_address(),
+                plugin.display(),
+                gpud.display()
+            ));
+        }
+        text
+    }
+}
+
 /// A finished run whose processes are still up; dropping it stops them.
 pub struct Simulation {
     pub report: Report,
@@ -160,27 +221,17 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
         }
         nodes.push(node);
     }
-    let letters = ('A'..='Z').chain('a'..='z');
-    for (report, letter) in reports.iter_mut().filter(|r| r.admitted()).zip(letters) {
-        report.letter = Some(letter);
-    }
     let node_reports = nodes
         .iter()
         .map(|n| node_report(&session, n, &reports))
         .collect();
-    let held: Vec<_> = reports.iter().flat_map(PodReport::holds).collect();
-    let overlaps = crate::grants::overlaps(&held)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let report = Report {
-        bus_policy: format!("{:?}", session.host.bus_policy),
-        gpu_policy: format!("{policy:?}").to_lowercase(),
-        nodes: node_reports,
-        pods: reports,
-        overlaps,
-        elapsed_ms: session.host.progress.elapsed_ms(),
-    };
+    let report = finish_report(
+        format!("{:?}", session.host.bus_policy),
+        policy,
+        node_reports,
+        reports,
+        &session.host.progress,
+    );
     Ok(Simulation {
         report,
         nodes,
@@ -188,9 +239,37 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
     })
 }
 
+/// The report of a run: letters for admitted pods, the CU overlaps
+/// found, the time taken.
+pub(crate) fn finish_report(
+    bus_policy: String,
+    policy: GpuPolicy,
+    nodes: Vec<NodeReport>,
+    mut pods: Vec<PodReport>,
+    progress: &Progress,
+) -> Report {
+    let letters = ('A'..='Z').chain('a'..='z');
+    for (report, letter) in pods.iter_mut().filter(|r| r.admitted()).zip(letters) {
+        report.letter = Some(letter);
+    }
+    let held: Vec<_> = pods.iter().flat_map(PodReport::holds).collect();
+    let overlaps = crate::grants::overlaps(&held)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    Report {
+        bus_policy,
+        gpu_policy: format!("{policy:?}").to_lowercase(),
+        nodes,
+        pods,
+        overlaps,
+        elapsed_ms: progress.elapsed_ms(),
+    }
+}
+
 /// The pods per mode, cu first: every pod in `--mode` when given, else in
 /// the mode its annotation asks for (cu when none).
-fn by_mode(pods: &[ExamplePod], mode: ModeArg) -> Vec<(Mode, Vec<&ExamplePod>)> {
+pub(crate) fn by_mode(pods: &[ExamplePod], mode: ModeArg) -> Vec<(Mode, Vec<&ExamplePod>)> {
     let of = |p: &ExamplePod| match mode {
         ModeArg::Cu => Mode::Cu,
         ModeArg::Partition => Mode::Partition,

@@ -40,6 +40,12 @@ pub struct Options {
     /// `none` for amd-gpud on sysfs alone.
     #[arg(long, default_value = "7.0", value_name = "ABI|none")]
     pub amdsmi: String,
+    /// Which cluster the nodes join: `fake` (our fake API server and fake
+    /// kubelet, in a second) or `real` (etcd, kube-apiserver,
+    /// kube-scheduler and a real kubelet per node, built from the pinned
+    /// Kubernetes modules on first use; needs root).
+    #[arg(long, value_enum, default_value_t = ClusterArg::Fake, env = "NODE_SIM_CLUSTER")]
+    pub cluster: ClusterArg,
     /// Leave everything running after the report, with the fake API server's
     /// kubeconfig printed for kubectl, until Ctrl-C.
     #[arg(long)]
@@ -50,6 +56,13 @@ pub struct Options {
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// `--cluster`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ClusterArg {
+    Fake,
+    Real,
 }
 
 /// `--mode`.
@@ -120,6 +133,7 @@ mod tests {
     fn defaults_and_aliases() {
         let o = Options::parse_from(["node-sim"]);
         assert_eq!(o.mode, ModeArg::Auto);
+        assert_eq!(o.cluster, ClusterArg::Fake);
         assert_eq!(o.pods, [PathBuf::from(EXAMPLES)]);
         assert!(!o.json && !o.keep_running);
         let o = Options::parse_from(["node-sim", "--pods", "a.yaml", "b", "--mode", "partition"]);

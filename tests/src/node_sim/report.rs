@@ -163,13 +163,18 @@ pub struct MountView {
 impl PodReport {
     /// A pod not yet placed.
     pub fn new(pod: &ExamplePod, node: &SimNode) -> Self {
+        Self::on(pod, &node.name, node.mode)
+    }
+
+    /// A pod not yet placed, to be tried on node `node` in `mode`.
+    pub fn on(pod: &ExamplePod, node: &str, mode: Mode) -> Self {
         Self {
             name: pod.name.clone(),
             namespace: pod.namespace.clone(),
             file: super::shown_path(&pod.file),
             description: pod.description.clone(),
-            node: node.name.clone(),
-            mode: node.mode,
+            node: node.to_owned(),
+            mode,
             letter: None,
             scheduled: false,
             reason: None,

@@ -1,0 +1,163 @@
+//! `node-sim --cluster real`: the same nodes and pods on a real control
+//! plane (etcd, kube-apiserver, kube-scheduler, built from the modules
+//! `tests/cluster/go.mod` pins) with a real kubelet per node
+//! ([`node::RealNode`]). HAMi's scheduler is emulated, as in the fake
+//! cluster (its module cannot be had here): its Filter and Bind write to
+//! the real API server, and from there the real kubelet admits and starts
+//! every pod ([`admit`]). Needs root: kubelet runs as root.
+
+pub mod admit;
+pub mod node;
+pub mod runtime;
+
+use kube::Client;
+
+use self::node::RealNode;
+use super::{
+    Host, SimError, by_mode,
+    options::Options,
+    pods,
+    report::{NodeReport, PodReport, Report},
+};
+use crate::{
+    cluster::{ADMIN_TOKEN, RealCluster, setup},
+    hami_emulator::request::GpuPolicy,
+};
+
+/// The real cluster and what every node shares. Fields drop in order: the
+/// control plane before the scratch directory.
+pub struct RealSession {
+    pub cluster: RealCluster,
+    /// The administrator's client.
+    pub client: Client,
+    pub host: Host,
+}
+
+/// A finished run on the real cluster whose processes are still up;
+/// dropping it stops them (the nodes before the control plane).
+pub struct RealSimulation {
+    pub report: Report,
+    pub nodes: Vec<RealNode>,
+    pub session: RealSession,
+}
+
+impl RealSimulation {
+    pub(crate) fn how_to_look(&self) -> String {
+        let kubeconfig = self.session.cluster.dir.path().join("kubeconfig-admin");
+        let mut text = format!(
+            "\nEverything keeps running; Ctrl-C stops it. The API server is {} \
+             (administrator's kubeconfig):\n  export KUBECONFIG={}\n  kubectl get nodes\n",
+            self.session.cluster.url(),
+            kubeconfig.display()
+        );
+        for node in &self.nodes {
+            text.push_str(&format!("  kubectl get node {} -o yaml\n", node.name));
+        }
+        text.push_str("  kubectl get pods -A -o wide\n");
+        for node in &self.nodes {
+            let [plugin, gpud, kubelet] = node.logs();
+            text.push_str(&format!(
+                "{}: bus {}, logs {}, {} and {}\n",
+                node.name,
+                node.host.bus.address,
+                plugin.display(),
+                gpud.display(),
+                kubelet.display()
+            ));
+        }
+        text
+    }
+}
+
+/// As [`super::run`], on the real cluster.
+///
+/// # Errors
+/// As [`super::run`]; not being root; the control plane not starting
+/// (the first run builds it: minutes).
+pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimulation, SimError> {
+    let pods = pods::load(&options.pods)?;
+    let host = Host::new(exe, options.quiet)?;
+    if host.uid != 0 {
+        return Err(SimError::NeedsRoot { uid: host.uid });
+    }
+    let groups = by_mode(&pods, options.mode);
+    let names: Vec<String> = groups
+        .iter()
+        .map(|(mode, _)| {
+            let node = options.node.as_deref().unwrap_or(mode.default_node());
+            format!("{}-{}", super::options::fixture_name(node), mode.as_str())
+        })
+        .collect();
+    let session = start_cluster(host, &names).await?;
+    let policy = GpuPolicy::from(options.gpu_policy);
+    let mut nodes = Vec::new();
+    let mut reports: Vec<PodReport> = Vec::new();
+    for (mode, group) in groups {
+        let name = options.node.as_deref().unwrap_or(mode.default_node());
+        let node = RealNode::start(&session, name, mode, &options.amdsmi).await?;
+        for pod in group {
+            reports.push(admit::admit(&session, &node, pod, policy).await);
+        }
+        nodes.push(node);
+    }
+    let mut node_reports = Vec::new();
+    for node in &nodes {
+        node_reports.push(node_report(&session, node, &reports).await);
+    }
+    let report = super::finish_report(
+        format!("{:?}", session.host.bus_policy),
+        policy,
+        node_reports,
+        reports,
+        &session.host.progress,
+    );
+    Ok(RealSimulation {
+        report,
+        nodes,
+        session,
+    })
+}
+
+/// The control plane with a kubelet token per node, the chart applied.
+async fn start_cluster(host: Host, nodes: &[String]) -> Result<RealSession, SimError> {
+    host.progress.step(
+        "cluster",
+        "starting etcd, kube-apiserver, kube-scheduler (the first run builds them: minutes)",
+    );
+    let names: Vec<String> = nodes.to_vec();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        RealCluster::start_for_nodes(&refs)
+    })
+    .await
+    .map_err(|e| SimError::start("the control plane")(std::io::Error::other(e)))?
+    .map_err(SimError::start("the control plane"))?;
+    setup::apply_chart(&cluster).map_err(SimError::start("applying the chart"))?;
+    let config = cluster
+        .client_config("admin", ADMIN_TOKEN)
+        .await
+        .map_err(SimError::start("the administrator's client"))?;
+    let client = Client::try_from(config)
+        .map_err(|e| SimError::start("the administrator's client")(std::io::Error::other(e)))?;
+    host.progress
+        .step("cluster", &format!("API server at {}", cluster.url()));
+    Ok(RealSession {
+        cluster,
+        client,
+        host,
+    })
+}
+
+async fn node_report(session: &RealSession, node: &RealNode, pods: &[PodReport]) -> NodeReport {
+    let register = node.register(session).await.unwrap_or_default();
+    let devices = super::admit::devices(Some(&register));
+    NodeReport {
+        name: node.name.clone(),
+        fixture: node.host.fixture.clone(),
+        mode: node.mode,
+        amdsmi: node.host.amdsmi.clone(),
+        kubelet_devices: node.capacity,
+        occupancy: super::picture::occupancy(&devices, pods, &node.name),
+        register,
+    }
+}
