@@ -123,15 +123,7 @@ impl PrivateBus {
         let config = dir.path().join(CONFIG_NAME);
         fs::write(&config, bus_config(&socket, &shipped_policy(), policy))?;
         let log = File::create(dir.path().join(LOG_NAME))?;
-        let mut child = Command::new(DBUS_DAEMON)
-            .arg("--nofork")
-            .arg("--print-address")
-            .arg(format!("--config-file={}", config.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| context(e, &format!("cannot run {DBUS_DAEMON}")))?;
+        let mut child = spawn_daemon(&config, log)?;
         let address = read_first_line(child.stdout.take());
         let mut bus = Self {
             dir,
@@ -151,6 +143,47 @@ impl PrivateBus {
             )));
         }
         Ok(bus)
+    }
+
+    /// [`Self::socket`] as an address without the daemon's GUID, as a node's
+    /// clients name the system bus (`unix:path=/run/dbus/system_bus_socket`):
+    /// it still holds after [`Self::restart`], whose daemon has a new GUID
+    /// (a client given [`Self::address`] refuses it: the D-Bus
+    /// specification's "Server Addresses" has clients check the GUID).
+    pub fn path_address(&self) -> String {
+        format!("unix:path={}", self.socket.display())
+    }
+
+    /// Kills the daemon (SIGKILL, as a broker crash) and starts a new one
+    /// with the same configuration on the same socket, as systemd would
+    /// after `dbus.service` died; returns once it accepts connections.
+    /// [`Self::address`] becomes the new daemon's (new GUID); its log is
+    /// appended to the old one. Nothing of the old daemon's state survives:
+    /// every client lost its connection and its names.
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        // A socket file left by the killed daemon.
+        let _ = fs::remove_file(&self.socket);
+        let log = fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join(LOG_NAME))?;
+        self.child = spawn_daemon(&self.config_path(), log)?;
+        let address = read_first_line(self.child.stdout.take());
+        let deadline = Instant::now() + START_TIMEOUT;
+        self.wait_accepting(deadline)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = address.recv_timeout(left.max(Duration::from_secs(1)));
+        self.address = line.unwrap_or_default().trim().to_owned();
+        if self.address.is_empty() {
+            return Err(io::Error::other(format!(
+                "{DBUS_DAEMON} printed no address after a restart; log:\n{}",
+                self.log_or_error()
+            )));
+        }
+        Ok(())
     }
 
     /// The dbus-daemon's process id.
@@ -215,6 +248,19 @@ impl Drop for PrivateBus {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `dbus-daemon --nofork --print-address --config-file=<config>`, stderr to `log`.
+fn spawn_daemon(config: &Path, log: File) -> io::Result<Child> {
+    Command::new(DBUS_DAEMON)
+        .arg("--nofork")
+        .arg("--print-address")
+        .arg(format!("--config-file={}", config.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| context(e, &format!("cannot run {DBUS_DAEMON}")))
 }
 
 /// Reads the first line of `out` on a thread; the receiver gets it (empty on EOF).
@@ -321,181 +367,4 @@ pub fn unexpected_log_lines(log: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Prints why and returns false when not root.
-    pub(crate) fn root_or_skip(test: &str) -> bool {
-        let root = effective_uid().unwrap() == 0;
-        if !root {
-            eprintln!("skipped {test}: needs root (setpriv, systemd-sysusers)");
-        }
-        root
-    }
-
-    fn start(policy: Policy) -> PrivateBus {
-        ensure_plugin_user().unwrap();
-        ensure_other_user().unwrap();
-        PrivateBus::start(policy).unwrap()
-    }
-
-    const GET_ID: &[&str] = &[
-        "call",
-        "org.freedesktop.DBus",
-        "/org/freedesktop/DBus",
-        "org.freedesktop.DBus",
-        "GetId",
-    ];
-    const PING: &[&str] = &["call", BUS_NAME, "/", "org.freedesktop.DBus.Peer", "Ping"];
-
-    fn request_name(bus: &PrivateBus, uid: u32) -> RunOutput {
-        let args = [
-            "call",
-            "org.freedesktop.DBus",
-            "/org/freedesktop/DBus",
-            "org.freedesktop.DBus",
-            "RequestName",
-            "su",
-            BUS_NAME,
-            "4",
-        ];
-        busctl(bus, uid, &args).unwrap()
-    }
-
-    fn assert_denied(out: &RunOutput, what: &str) {
-        assert!(!out.success(), "{what} was allowed: {out:?}");
-        assert!(out.stderr.contains("Access denied"), "{what}: {out:?}");
-    }
-
-    #[test]
-    fn driver_answers_root_and_plugin_and_policy_loads_cleanly() {
-        if !root_or_skip("driver_answers_root_and_plugin_and_policy_loads_cleanly") {
-            return;
-        }
-        let bus = start(Policy::Shipped);
-        assert!(bus.address.starts_with("unix:path="), "{}", bus.address);
-        for uid in [0, PLUGIN_UID, OTHER_UID] {
-            let out = busctl(&bus, uid, GET_ID).unwrap();
-            assert!(
-                out.success() && out.stdout.starts_with("s \""),
-                "uid {uid}: {out:?}"
-            );
-        }
-        let log = bus.log().unwrap();
-        assert_eq!(
-            unexpected_log_lines(&log),
-            "",
-            "dbus-daemon complained:\n{log}"
-        );
-    }
-
-    #[test]
-    fn only_root_may_own_the_name() {
-        if !root_or_skip("only_root_may_own_the_name") {
-            return;
-        }
-        let bus = start(Policy::Shipped);
-        assert_denied(&request_name(&bus, OTHER_UID), "owning as OTHER_UID");
-        assert_denied(&request_name(&bus, PLUGIN_UID), "owning as PLUGIN_UID");
-        let root = request_name(&bus, 0);
-        // 1 = DBUS_REQUEST_NAME_REPLY_PRIMARY_OWNER
-        assert!(root.success() && root.stdout.trim() == "u 1", "{root:?}");
-    }
-
-    #[test]
-    fn shipped_policy_lets_root_and_plugin_call_and_refuses_others() {
-        if !root_or_skip("shipped_policy_lets_root_and_plugin_call_and_refuses_others") {
-            return;
-        }
-        let bus = start(Policy::Shipped);
-        let holder = NameHolder::acquire(&bus, BUS_NAME).unwrap();
-        for uid in [0, PLUGIN_UID] {
-            let out = busctl(&bus, uid, PING).unwrap();
-            assert!(out.success(), "Ping as {uid}: {out:?}");
-        }
-        let node = [
-            "call",
-            BUS_NAME,
-            "/io/hami/AmdGpu1",
-            "io.hami.AmdGpu1.Node",
-            "Rescan",
-        ];
-        assert!(busctl(&bus, PLUGIN_UID, &node).unwrap().success());
-        let unlisted = ["call", BUS_NAME, "/", "io.hami.AmdGpu1.Debug", "Dump"];
-        assert_denied(
-            &busctl(&bus, PLUGIN_UID, &unlisted).unwrap(),
-            "plugin, unlisted iface",
-        );
-        assert_denied(&busctl(&bus, OTHER_UID, PING).unwrap(), "Ping as OTHER_UID");
-        let introspect = ["introspect", BUS_NAME, "/io/hami/AmdGpu1"];
-        assert_denied(
-            &busctl(&bus, OTHER_UID, &introspect).unwrap(),
-            "introspect as OTHER",
-        );
-        let seen: Vec<(Option<String>, String)> = holder
-            .calls()
-            .into_iter()
-            .map(|c| (c.interface, c.member))
-            .collect();
-        let peer = (
-            Some("org.freedesktop.DBus.Peer".to_owned()),
-            "Ping".to_owned(),
-        );
-        let rescan = (Some("io.hami.AmdGpu1.Node".to_owned()), "Rescan".to_owned());
-        assert_eq!(seen, [peer.clone(), peer, rescan]);
-    }
-
-    #[test]
-    fn relaxed_policy_lets_other_uids_reach_the_service() {
-        if !root_or_skip("relaxed_policy_lets_other_uids_reach_the_service") {
-            return;
-        }
-        let bus = start(Policy::Relaxed);
-        let holder = NameHolder::acquire(&bus, BUS_NAME).unwrap();
-        let out = busctl(&bus, OTHER_UID, PING).unwrap();
-        assert!(out.success(), "{out:?}");
-        assert_eq!(holder.calls().len(), 1);
-        // Ownership stays root's.
-        assert_denied(&request_name(&bus, OTHER_UID), "owning as OTHER_UID");
-    }
-
-    #[test]
-    fn kill_stops_the_socket_accepting() {
-        if !root_or_skip("kill_stops_the_socket_accepting") {
-            return;
-        }
-        let mut bus = start(Policy::Shipped);
-        assert!(UnixStream::connect(&bus.socket).is_ok());
-        bus.kill();
-        assert!(UnixStream::connect(&bus.socket).is_err());
-        assert!(!busctl(&bus, 0, GET_ID).unwrap().success());
-        bus.kill();
-    }
-
-    #[test]
-    fn relaxed_config_appends_the_allow_after_the_shipped_policy() {
-        let socket = Path::new("/tmp/x/system_bus_socket");
-        let shipped = bus_config(socket, Path::new("/a&b/p.conf"), Policy::Shipped);
-        let relaxed = bus_config(socket, Path::new("/a&b/p.conf"), Policy::Relaxed);
-        assert!(shipped.contains("<include>/a&amp;b/p.conf</include>"));
-        assert!(!shipped.contains("<allow send_destination=\"io.hami.AmdGpu1\"/>"));
-        let include = relaxed.find("<include>").unwrap();
-        let allow = relaxed
-            .find("<allow send_destination=\"io.hami.AmdGpu1\"/>")
-            .unwrap();
-        assert!(allow > include);
-        let open = bus_config(socket, Path::new("/p.conf"), Policy::Unprivileged);
-        let own = open.find("<allow own=\"io.hami.AmdGpu1\"/>").unwrap();
-        assert!(own > open.find("<include>").unwrap());
-    }
-
-    #[test]
-    fn known_noise_is_filtered_from_the_log() {
-        let log = "dbus-daemon[1]: [system] ...: Failed to set fd limit to 65536: EPERM\n\
-                   dbus[1]: Unknown username \"x\" in message bus configuration file\n";
-        assert_eq!(
-            unexpected_log_lines(log),
-            "dbus[1]: Unknown username \"x\" in message bus configuration file\n"
-        );
-    }
-}
+mod tests;

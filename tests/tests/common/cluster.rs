@@ -64,7 +64,24 @@ pub fn hami_places(
     name: &str,
     node: &str,
     gpu: &Value,
+    grant: (u32, u32),
+) -> String {
+    let spec = json!({"containers": [{"name": "c", "image": "rocm",
+                                      "resources": {"limits": {"amd.com/gpu": "1"}}}]});
+    hami_places_spec(cluster, name, node, gpu, grant, &spec)
+}
+
+/// [`hami_places`] for a pod of `spec` whose one AMD container (the one
+/// asking for `amd.com/gpu: 1`) is granted `cus` CUs and `mem` MiB of `gpu`.
+/// A CPU-only init container adds no entry: HAMi's entries list only the
+/// containers that ask for devices.
+pub fn hami_places_spec(
+    cluster: &RealCluster,
+    name: &str,
+    node: &str,
+    gpu: &Value,
     (cus, mem): (u32, u32),
+    spec: &Value,
 ) -> String {
     let grant = tests::hami_emulator::Grant {
         id: gpu["id"].as_str().unwrap().to_owned(),
@@ -81,8 +98,7 @@ pub fn hami_places(
             "hami.io/vgpu-node": node, "hami.io/vgpu-time": now.to_string(),
             "hami.io/amd-devices-to-allocate": entry, "hami.io/amd-devices-allocated": entry,
             "hami.io/bind-phase": "allocating", "hami.io/bind-time": now.to_string()}},
-        "spec": {"containers": [{"name": "c", "image": "rocm",
-                                 "resources": {"limits": {"amd.com/gpu": "1"}}}]}});
+        "spec": spec});
     let (code, answer) = cluster
         .request_as(
             ADMIN_TOKEN,

@@ -83,6 +83,10 @@ pub struct PluginNode {
     /// How the plugin was started, for [`Self::restart_plugin`].
     plugin_command: (PathBuf, Vec<OsString>),
     pub gpud: stack::Process,
+    /// amd-gpud's arguments after `serve`, for [`Self::start_gpud`].
+    gpud_args: Vec<String>,
+    /// Where a plugin started from now on logs (stderr otherwise).
+    plugin_log: Option<PathBuf>,
     pub bus: PrivateBus,
     _kubelet_dir: Option<KubeletDirInRoot>,
     /// The fake host root.
@@ -93,23 +97,72 @@ impl PluginNode {
     /// Kills the plugin (SIGKILL) and starts it again as before.
     pub fn restart_plugin(&mut self) {
         self.plugin.kill();
-        self.plugin = spawn(&self.plugin_command);
+        self.plugin = spawn(&self.plugin_command, self.plugin_log.as_deref());
+    }
+
+    /// Plugins started from now on (by [`Self::restart_plugin`]) append
+    /// their log to `path` instead of writing it to stderr.
+    pub fn log_plugin_to(&mut self, path: &Path) {
+        self.plugin_log = Some(path.to_owned());
+    }
+
+    /// Stops amd-gpud as `systemctl stop` does (SIGTERM) and waits for it
+    /// to exit.
+    pub fn stop_gpud(&mut self) {
+        let pid = self.gpud.0.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success(), "kill -TERM {pid}");
+        self.wait_gpud_exit();
+    }
+
+    /// Waits for amd-gpud to exit by itself (it does when it loses the bus).
+    pub fn wait_gpud_exit(&mut self) {
+        let exit = self.gpud.wait_exit(Duration::from_secs(30));
+        assert!(exit.is_ok(), "amd-gpud did not exit: {exit:?}");
+    }
+
+    /// Starts amd-gpud again as before (after [`Self::stop_gpud`] or
+    /// [`Self::wait_gpud_exit`], as the unit's `Restart=always` does);
+    /// returns how long the new one took to own its name.
+    pub fn start_gpud(&mut self) -> Duration {
+        let start = Instant::now();
+        let args: Vec<&str> = self.gpud_args.iter().map(String::as_str).collect();
+        let exe = super::fake_node_exe();
+        self.gpud = stack::gpud_with(&exe, &self.bus, self.root.path(), 0, &args).unwrap();
+        start.elapsed()
     }
 }
 
-fn spawn((program, args): &(PathBuf, Vec<OsString>)) -> stack::Process {
-    let child = Command::new(program)
-        .args(args)
-        .env("AMDGPU_DP_METRICS_ADDRESS", "none")
-        .spawn()
-        .unwrap();
-    stack::Process(child)
+fn spawn((program, args): &(PathBuf, Vec<OsString>), log: Option<&Path>) -> stack::Process {
+    let mut command = Command::new(program);
+    command.args(args).env("AMDGPU_DP_METRICS_ADDRESS", "none");
+    if let Some(log) = log {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        command.stderr(file);
+    }
+    stack::Process(command.spawn().unwrap())
 }
 
 /// Builds the node's host root, starts its bus, amd-gpud and the plugin
 /// registered with `kubelet`.
 pub fn plugin_node(cluster: &RealCluster, kubelet: &RealKubelet, setup: &NodeSetup) -> PluginNode {
+    plugin_node_prepared(cluster, kubelet, setup, &|_| {})
+}
+
+/// [`plugin_node`], `prepare` run on the host root before amd-gpud starts
+/// (e.g. to add the dmem cgroup tree).
+pub fn plugin_node_prepared(
+    cluster: &RealCluster,
+    kubelet: &RealKubelet,
+    setup: &NodeSetup,
+    prepare: &dyn Fn(&Path),
+) -> PluginNode {
     let root = super::build_fixture(setup.fixture);
+    prepare(root.path());
     let kubelet_dir = (setup.user == PluginUser::Own).then(|| {
         // The plugin's UID must reach the hook and its kubeconfig under it.
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -128,7 +181,8 @@ pub fn plugin_node(cluster: &RealCluster, kubelet: &RealKubelet, setup: &NodeSet
         "--node-name".into(),
         kubelet.node.clone().into(),
         "--bus-address".into(),
-        bus.address.clone().into(),
+        // As a node's: no GUID, so the plugin reconnects to a restarted bus.
+        bus.path_address().into(),
         "--kubelet-dir".into(),
         kubelet.device_plugin_dir().into(),
         "--pod-resources-socket".into(),
@@ -155,9 +209,11 @@ pub fn plugin_node(cluster: &RealCluster, kubelet: &RealKubelet, setup: &NodeSet
         }
     };
     PluginNode {
-        plugin: spawn(&plugin_command),
+        plugin: spawn(&plugin_command, None),
         plugin_command,
         gpud,
+        gpud_args: setup.gpud_args.clone(),
+        plugin_log: None,
         bus,
         _kubelet_dir: kubelet_dir,
         root,
@@ -235,6 +291,17 @@ pub async fn scene(version: KubeletVersion, user: PluginUser) -> Scene {
 /// [`Scene`] for `setup`, once kubelet publishes `devices` as the Node's
 /// `amd.com/gpu` capacity.
 pub async fn scene_with(version: KubeletVersion, setup: &NodeSetup, devices: &str) -> Scene {
+    scene_prepared(version, setup, devices, &|_| {}).await
+}
+
+/// [`scene_with`], `prepare` run on the node's host root before amd-gpud
+/// starts ([`plugin_node_prepared`]).
+pub async fn scene_prepared(
+    version: KubeletVersion,
+    setup: &NodeSetup,
+    devices: &str,
+    prepare: &dyn Fn(&Path),
+) -> Scene {
     let cluster = RealCluster::start().unwrap();
     let client = admin(&cluster).await;
     let kubelet = RealKubelet::start_version(&cluster, version).unwrap();
@@ -242,7 +309,7 @@ pub async fn scene_with(version: KubeletVersion, setup: &NodeSetup, devices: &st
     let limit = Duration::from_secs(60);
     let node_ready = || ready(&nodes, KUBELET_NODE);
     eventually(limit, "the kubelet's Node Ready", node_ready).await;
-    let node = plugin_node(&cluster, &kubelet, setup);
+    let node = plugin_node_prepared(&cluster, &kubelet, setup, prepare);
     // kubelet publishes what ListAndWatch lists.
     let gpus = || capacity(&nodes, KUBELET_NODE, "amd.com/gpu");
     let count = eventually(limit, "amd.com/gpu capacity", gpus).await;

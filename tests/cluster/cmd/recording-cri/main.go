@@ -10,6 +10,14 @@
 // set") and an image filesystem, and gives every container a real log file:
 // the in-memory runtime leaves the log path empty, and kubelet's container
 // cleanup then removes whatever "" + "*" matches in its working directory.
+//
+// A started container runs until kubelet stops it, except one whose
+// environment sets RECORDING_CRI_EXIT_ON=<path>: it runs until that file
+// exists, then exits 0 (state EXITED, reason Completed), which kubelet
+// finds at its next relist. Tests hold an init container this way, so that
+// kubelet has admitted the pod (and allocated its app containers' devices)
+// but starts the app containers, and calls their device plugins'
+// PreStartContainer, only when the test creates the file.
 package main
 
 import (
@@ -19,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -37,7 +46,13 @@ type runtime struct {
 	logDir string
 	mu     sync.Mutex
 	record *os.File
+	// exitOn holds, by container ID, the RECORDING_CRI_EXIT_ON path of each
+	// created container that set one (guarded by mu).
+	exitOn map[string]string
 }
+
+// exitOnEnv names the file whose existence ends a container (see above).
+const exitOnEnv = "RECORDING_CRI_EXIT_ON"
 
 // write appends one request, as {"call": ..., "request": ...}, to the record.
 func (r *runtime) write(call string, req proto.Message) {
@@ -76,11 +91,62 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		c.LogPath = path
 	}
 	s.Unlock()
+	for _, env := range req.GetConfig().GetEnvs() {
+		if value := strings.TrimSpace(string(env.GetValue())); env.GetKey() == exitOnEnv && value != "" {
+			r.mu.Lock()
+			r.exitOn[resp.ContainerId] = value
+			r.mu.Unlock()
+		}
+	}
 	return resp, nil
 }
 
+// StartContainer starts the container; one with RECORDING_CRI_EXIT_ON exits
+// once its file exists.
+func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {
+	resp, err := r.RemoteRuntime.StartContainer(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	path, ok := r.exitOn[req.ContainerId]
+	r.mu.Unlock()
+	if ok {
+		go r.exitWhenExists(req.ContainerId, path)
+	}
+	return resp, nil
+}
+
+// exitWhenExists marks container id exited with code 0 once path exists
+// (polled every 50 ms), unless it was removed or stopped before.
+func (r *runtime) exitWhenExists(id, path string) {
+	for {
+		if _, err := os.Stat(path); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s := r.RuntimeService
+	s.Lock()
+	defer s.Unlock()
+	c, ok := s.Containers[id]
+	if !ok || c.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+		return
+	}
+	c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+	c.FinishedAt = time.Now().UnixNano()
+	c.ExitCode = 0
+	c.Reason = "Completed"
+	log.Printf("recording-cri: container %s exited: %s exists", id, path)
+}
+
 func newRuntime(imageFs, logDir string, record *os.File) *runtime {
-	r := &runtime{RemoteRuntime: fake.NewFakeRemoteRuntime(), logDir: logDir, record: record}
+	r := &runtime{
+		RemoteRuntime: fake.NewFakeRemoteRuntime(),
+		logDir:        logDir,
+		record:        record,
+		exitOn:        map[string]string{},
+	}
 	r.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{
 		CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS,
 	}
