@@ -130,7 +130,7 @@ async fn allocate(
 }
 
 /// Whether kubelet device ids `ids` are slots of the granted GPUs, in order.
-pub fn follows(ids: &[String], grants: &[Grant]) -> bool {
+fn follows(ids: &[String], grants: &[Grant]) -> bool {
     ids.len() == grants.len()
         && ids
             .iter()

@@ -78,6 +78,8 @@ pub struct Host {
     pub bus_policy: Policy,
     /// The UID everything runs as (amd-gpud's `--plugin-uid`).
     pub uid: u32,
+    /// The plugin's `--cdi`.
+    pub cdi: bool,
     /// Fake host roots, logs, kubeconfigs; removed last.
     pub dir: TempDir,
 }
@@ -100,6 +102,7 @@ impl Host {
             exe,
             bus_policy,
             uid,
+            cdi: false,
             dir,
         })
     }
@@ -209,7 +212,8 @@ pub struct Simulation {
 /// Allocate are in the report, not errors.
 pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError> {
     let pods = pods::load(&options.pods)?;
-    let session = Session::start(exe, options.quiet)?;
+    let mut session = Session::start(exe, options.quiet)?;
+    session.host.cdi = options.cdi;
     let policy = GpuPolicy::from(options.gpu_policy);
     let mut nodes = Vec::new();
     let mut reports: Vec<PodReport> = Vec::new();
@@ -221,6 +225,7 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
         }
         nodes.push(node);
     }
+    letter_pods(&mut reports);
     let node_reports = nodes
         .iter()
         .map(|n| node_report(&session, n, &reports))
@@ -239,19 +244,22 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
     })
 }
 
-/// The report of a run: letters for admitted pods, the CU overlaps
-/// found, the time taken.
-pub(crate) fn finish_report(
-    bus_policy: String,
-    policy: GpuPolicy,
-    nodes: Vec<NodeReport>,
-    mut pods: Vec<PodReport>,
-    progress: &Progress,
-) -> Report {
+/// Gives each admitted pod its letter in the occupancy picture.
+pub(crate) fn letter_pods(pods: &mut [PodReport]) {
     let letters = ('A'..='Z').chain('a'..='z');
     for (report, letter) in pods.iter_mut().filter(|r| r.admitted()).zip(letters) {
         report.letter = Some(letter);
     }
+}
+
+/// The report of a run: the CU overlaps found, the time taken.
+pub(crate) fn finish_report(
+    bus_policy: String,
+    policy: GpuPolicy,
+    nodes: Vec<NodeReport>,
+    pods: Vec<PodReport>,
+    progress: &Progress,
+) -> Report {
     let held: Vec<_> = pods.iter().flat_map(PodReport::holds).collect();
     let overlaps = crate::grants::overlaps(&held)
         .iter()

@@ -437,6 +437,8 @@ pub fn start_plugin(
         pod_resources,
         "--sandbox".into(),
         "best-effort".into(),
+        "--cdi".into(),
+        host.cdi.to_string().into(),
         // Two simulated nodes run side by side: no fixed metrics port.
         "--metrics-address".into(),
         "none".into(),

@@ -46,6 +46,10 @@ pub struct Options {
     /// Kubernetes modules on first use; needs root).
     #[arg(long, value_enum, default_value_t = ClusterArg::Fake, env = "NODE_SIM_CLUSTER")]
     pub cluster: ClusterArg,
+    /// The plugin answers Allocate with CDI device names (`--cdi true`)
+    /// instead of device nodes.
+    #[arg(long)]
+    pub cdi: bool,
     /// Leave everything running after the report, with the fake API server's
     /// kubeconfig printed for kubectl, until Ctrl-C.
     #[arg(long)]

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
 pub mod cluster;
+pub mod examples;
 pub mod real_node;
 pub mod world;
 

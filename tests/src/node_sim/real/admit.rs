@@ -25,7 +25,7 @@ use crate::{
     fixture::cgroup::{CgroupDriver, add_pod},
     hami_emulator::{Placement, SCHEDULER_NAME, filter::FilterError, request::GpuPolicy},
     node_sim::{
-        admit::{follows, qos_class, rejections, unix_now},
+        admit::{qos_class, rejections, unix_now},
         pods::{ExamplePod, POD_CGROUP_ANNOTATION},
         report::{ContainerReport, PodReport},
     },
@@ -254,10 +254,44 @@ async fn unschedulable(
         .map_err(|e| format!("recording the FailedScheduling Event: {e}"))
 }
 
-/// Whether kubelet's ids follow HAMi's grants (see [`follows`]).
+/// Whether kubelet's ids are slots of the GPUs HAMi granted container
+/// `container`, one per grant. kubelet keeps a container's devices as a
+/// set: its pod-resources API lists them in no particular order.
 pub fn followed(ids: &[String], placement: &Placement, container: usize) -> bool {
-    placement
-        .grants
-        .get(container)
-        .is_some_and(|g| follows(ids, g))
+    let Some(grants) = placement.grants.get(container) else {
+        return false;
+    };
+    let mut gpus: Vec<&str> = ids
+        .iter()
+        .filter_map(|id| id.rsplit_once('#').map(|(gpu, _)| gpu))
+        .collect();
+    let mut granted: Vec<&str> = grants.iter().map(|g| g.id.as_str()).collect();
+    gpus.sort_unstable();
+    granted.sort_unstable();
+    ids.len() == gpus.len() && gpus == granted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hami_emulator::Grant;
+
+    #[test]
+    fn kubelets_ids_follow_in_any_order() {
+        let g = |id: &str| Grant {
+            id: id.into(),
+            device_type: "T".into(),
+            mem_mib: 1,
+            cus: 1,
+        };
+        let placement = Placement {
+            requests: Vec::new(),
+            grants: vec![vec![g("A"), g("B")]],
+        };
+        let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(followed(&ids(&["B#7", "A#9"]), &placement, 0));
+        assert!(!followed(&ids(&["A#7", "A#9"]), &placement, 0));
+        assert!(!followed(&ids(&["A#7"]), &placement, 0));
+        assert!(!followed(&ids(&["A#7", "B#1"]), &placement, 1));
+    }
 }

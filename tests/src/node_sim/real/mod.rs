@@ -76,7 +76,8 @@ impl RealSimulation {
 /// (the first run builds it: minutes).
 pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimulation, SimError> {
     let pods = pods::load(&options.pods)?;
-    let host = Host::new(exe, options.quiet)?;
+    let mut host = Host::new(exe, options.quiet)?;
+    host.cdi = options.cdi;
     if host.uid != 0 {
         return Err(SimError::NeedsRoot { uid: host.uid });
     }
@@ -100,6 +101,7 @@ pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimul
         }
         nodes.push(node);
     }
+    super::letter_pods(&mut reports);
     let mut node_reports = Vec::new();
     for node in &nodes {
         node_reports.push(node_report(&session, node, &reports).await);

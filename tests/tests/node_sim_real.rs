@@ -1,0 +1,117 @@
+//! `node-sim --cluster real` (issue 18): every example pod goes through the
+//! real API server and a real kubelet (1.36) per node, which calls
+//! GetPreferredAllocation, Allocate and PreStartContainer itself and hands
+//! the result to the runtime (`recording-cri`). The report must hold the
+//! same checks as the fake cluster's, and every container must have been
+//! given exactly what the fake kubelet got from the plugin: the fake is
+//! checked against the real one. Needs root (kubelet).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use common::examples::{containers, default_examples, pod_named};
+use serde_json::Value;
+
+/// The first run builds the Kubernetes components (minutes).
+const LIMIT: Duration = Duration::from_secs(1500);
+
+fn node_sim_json(args: &[&str]) -> Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_node-sim"));
+    cmd.arg("--json").args(args);
+    let (code, stdout, stderr) = common::run_with_timeout(cmd, LIMIT);
+    assert_eq!(code, 0, "node-sim {args:?} failed:\n{stderr}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}):\n{stderr}"))
+}
+
+/// A host path with the run's scratch directory cut off.
+fn unrooted(path: &str) -> String {
+    match path.find("/root/") {
+        Some(at) if path.starts_with("/dev/shm/") || path.starts_with("/tmp/") => {
+            path[at + "/root".len()..].to_owned()
+        }
+        _ => path.to_owned(),
+    }
+}
+
+/// What a container was given, as both clusters must agree on it: the
+/// environment, devices and mounts (host paths below the fake root), CDI
+/// names, the per-GPU view, PreStartContainer's outcome. Kubelet's device
+/// ids are left out: kubelet picks among the GPU's slots.
+fn given(c: &Value) -> Value {
+    let mut c = c.clone();
+    for field in ["devices", "mounts"] {
+        for item in c[field].as_array_mut().unwrap() {
+            let host = unrooted(item["host_path"].as_str().unwrap());
+            item["host_path"] = Value::from(host);
+        }
+    }
+    c.as_object_mut().unwrap().remove("kubelet_ids");
+    c
+}
+
+fn same_as_the_fake(real: &Value, fake: &Value) {
+    let names = |r: &Value| -> Vec<String> {
+        r["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(real), names(fake));
+    for name in names(fake) {
+        let (r, f) = (pod_named(real, &name), pod_named(fake, &name));
+        for key in [
+            "scheduled",
+            "bind_phase",
+            "devices_allocated",
+            "cu_allocated",
+        ] {
+            assert_eq!(r[key], f[key], "pod {name}: {key}");
+        }
+        let (rc, fc) = (containers(r), containers(f));
+        assert_eq!(rc.len(), fc.len(), "pod {name}");
+        for (a, b) in rc.iter().zip(fc) {
+            assert_eq!(given(a), given(b), "pod {name}: real kubelet vs fake");
+        }
+    }
+}
+
+#[test]
+fn every_example_goes_through_the_real_kubelet() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let real = node_sim_json(&["--cluster", "real"]);
+    default_examples(&real);
+    assert_eq!(real["overlaps"], Value::Array(Vec::new()));
+    let fake = node_sim_json(&["--cluster", "fake"]);
+    same_as_the_fake(&real, &fake);
+}
+
+/// With `--cdi` the plugin names CDI devices instead of device nodes, and
+/// kubelet passes them to the runtime (CreateContainer's CDI devices).
+#[test]
+fn cdi_device_names_reach_the_runtime() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let pods = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/01-quarter-gpu.yaml"
+    );
+    let real = node_sim_json(&["--cluster", "real", "--cdi", "--pods", pods]);
+    let c = &containers(pod_named(&real, "quarter-gpu"))[0];
+    let names = c["cdi_devices"].as_array().unwrap();
+    assert_eq!(names.len(), 1, "{c}");
+    let name = names[0].as_str().unwrap();
+    assert!(name.starts_with("amd.com/gpu="), "{name}");
+    assert_eq!(c["envs"]["HSA_CU_MASK"], "0:0-75", "{c}");
+    let fake = node_sim_json(&["--cluster", "fake", "--cdi", "--pods", pods]);
+    same_as_the_fake(&real, &fake);
+}
