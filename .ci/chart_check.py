@@ -332,6 +332,8 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "AMDGPU_DP_ALLOCATOR_POLICY": dp["allocatorPolicy"],
         "AMDGPU_DP_DMEM_BACKEND": dp["dmemBackend"],
         "AMDGPU_DP_CDI": "true" if dp["cdi"]["enabled"] else "false",
+        "AMDGPU_DP_ANNOTATIONS_PROTECTED":
+            "true" if values["validatingAdmissionPolicy"]["enabled"] else "false",
         "AMDGPU_DP_HEALTH_PULSE": str(dp["healthPulse"]),
         "OPERATING_MODE": dp["operatingMode"],
         **({"COMPUTE_PARTITION": dp["computePartition"]} if dp["computePartition"] else {}),
@@ -343,6 +345,27 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "AMDGPU_DP_POD_RESOURCES_SOCKET": f"{kubelet}/pod-resources/kubelet.sock",
         "AMDGPU_DP_BUS_ADDRESS": f"unix:path={values['dbusSocketDir']}/system_bus_socket",
     }
+
+
+def check_protected_annotations(policies: list[dict[str, Any]], sa_user: str,
+                                values: dict[str, Any]) -> None:
+    """The policy that keeps HAMi's and the plugin's pod annotations to them."""
+    if not check(len(policies) == 1, "one policy protects HAMi's pod annotations"):
+        return
+    spec = policies[0]["spec"]
+    rules = spec["matchConstraints"]["resourceRules"]
+    check([r["resources"] for r in rules] == [["pods"]]
+          and [r["operations"] for r in rules] == [["CREATE", "UPDATE"]],
+          "it matches pod CREATE and UPDATE")
+    check(spec["failurePolicy"] == "Fail", "it fails closed")
+    exempt = spec["matchConditions"][0]["expression"]
+    writers = values["validatingAdmissionPolicy"]["hamiWriters"] + [sa_user]
+    check(all(f'"{w}"' in exempt for w in writers),
+          f"it exempts exactly HAMi's scheduler and the plugin ({writers})", exempt)
+    keys = next(v["expression"] for v in spec["variables"] if v["name"] == "keys")
+    for key in ("hami.io/amd-devices-allocated", "hami.io/amd-cu-allocated",
+                "hami.io/bind-phase", "hami.io/vgpu-node"):
+        check(f"'{key}'" in keys, f"it protects {key}")
 
 
 def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | None,
@@ -399,8 +422,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     # The objects.
     vap = values["validatingAdmissionPolicy"]["enabled"]
     want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1,
-            "ValidatingAdmissionPolicy": 2 if vap else 0,
-            "ValidatingAdmissionPolicyBinding": 2 if vap else 0}
+            "ValidatingAdmissionPolicy": 3 if vap else 0,
+            "ValidatingAdmissionPolicyBinding": 3 if vap else 0}
     have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
     extra = sorted({o["kind"] for o in objects} - set(want))
     check(have == want and not extra, "the expected objects and no others",
@@ -428,8 +451,12 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
 
     # The policies, when on.
     if vap:
-        policies = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+        every_policy = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
         bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+        protected = [p for p in every_policy
+                     if p["metadata"]["name"].endswith("-protected-annotations")]
+        policies = [p for p in every_policy if p not in protected]
+        check_protected_annotations(protected, sa_user, values)
         resources = sorted(r for p in policies
                            for rule in p["spec"]["matchConstraints"]["resourceRules"]
                            for r in rule["resources"])
@@ -444,7 +471,7 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
                   for p in policies for v in p["spec"]["variables"] if v["name"] == "userNode"),
               "policies take the node from the token's node-name extra")
         check(sorted(b["spec"]["policyName"] for b in bindings)
-              == sorted(p["metadata"]["name"] for p in policies)
+              == sorted(p["metadata"]["name"] for p in every_policy)
               and all(b["spec"]["validationActions"] == ["Deny"] for b in bindings),
               "each policy has a binding with validationActions [Deny]")
 

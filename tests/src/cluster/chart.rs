@@ -99,6 +99,30 @@ impl RealCluster {
         )
     }
 
+    /// A token of ServiceAccount `namespace/account`, bound to no object
+    /// (as a user's tool would hold one).
+    ///
+    /// # Errors
+    /// When the TokenRequest fails.
+    pub fn account_token(&self, namespace: &str, account: &str) -> io::Result<String> {
+        let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                             "spec": {"expirationSeconds": 3600}});
+        self.token_request(namespace, account, &request)
+    }
+
+    fn token_request(&self, namespace: &str, account: &str, request: &Value) -> io::Result<String> {
+        let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token");
+        let body = request.to_string();
+        let (code, answer) = self.request_as(ADMIN_TOKEN, "POST", &path, Some(&body))?;
+        let answer: Value = serde_json::from_str(&answer).unwrap_or_default();
+        match answer["status"]["token"].as_str() {
+            Some(token) if code == 201 => Ok(token.to_owned()),
+            _ => Err(io::Error::other(format!(
+                "TokenRequest for {account}: {code} {answer}"
+            ))),
+        }
+    }
+
     /// A token of ServiceAccount `namespace/account` bound to the pod
     /// `namespace/pod` (so that it names the pod's node, as a DaemonSet
     /// pod's projected token does).
@@ -118,15 +142,6 @@ impl RealCluster {
         let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
             "spec": {"expirationSeconds": 3600,
                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}}});
-        let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token");
-        let body = request.to_string();
-        let (code, answer) = self.request_as(ADMIN_TOKEN, "POST", &path, Some(&body))?;
-        let answer: Value = serde_json::from_str(&answer).unwrap_or_default();
-        match answer["status"]["token"].as_str() {
-            Some(token) if code == 201 => Ok(token.to_owned()),
-            _ => Err(io::Error::other(format!(
-                "TokenRequest for {account}: {code} {answer}"
-            ))),
-        }
+        self.token_request(namespace, account, &request)
     }
 }

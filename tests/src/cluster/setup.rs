@@ -80,13 +80,21 @@ pub fn add_pod(
     Ok(())
 }
 
-/// Applies the chart (its policy on), all but the DaemonSet (no kubelet
-/// runs its pods here); the rendered objects.
+/// The users the chart lets write HAMi's pod annotations in these tests:
+/// the administrator, who plays HAMi's scheduler here.
+pub const HAMI_WRITERS: &str = r#"["admin"]"#;
+
+/// Applies the chart (its policies on, the administrator as HAMi's
+/// scheduler), all but the DaemonSet (no kubelet runs its pods here); the
+/// rendered objects.
 ///
 /// # Errors
 /// When rendering fails or the API server refuses an object.
 pub fn apply_chart(cluster: &RealCluster) -> io::Result<Vec<Value>> {
-    let objects = chart::render(&[("validatingAdmissionPolicy.enabled", "true")])?;
+    let objects = chart::render(&[
+        ("validatingAdmissionPolicy.enabled", "true"),
+        ("validatingAdmissionPolicy.hamiWriters", HAMI_WRITERS),
+    ])?;
     for object in objects.iter().filter(|o| o["kind"] != "DaemonSet") {
         let (code, answer) = cluster.apply(object)?;
         if code != 200 && code != 201 {
