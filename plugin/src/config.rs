@@ -114,6 +114,14 @@ pub struct Cli {
     /// runtime must have CDI enabled.
     #[arg(long, env = "AMDGPU_DP_CDI", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
     pub cdi: bool,
+    /// Whether the cluster's admission lets only HAMi's scheduler and the
+    /// plugin write HAMi's pod annotations (the chart's
+    /// ValidatingAdmissionPolicy). Only then does a pod bound without a
+    /// lock owner go by the oldest `hami.io/bind-time` when several could
+    /// be it; otherwise that time is the pod author's to write, and such an
+    /// Allocate is refused.
+    #[arg(long, env = "AMDGPU_DP_ANNOTATIONS_PROTECTED", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub annotations_protected: bool,
     /// Where to serve /metrics (Prometheus), /healthz and /readyz (the
     /// DaemonSet's probes): `ADDRESS:PORT`, or `none`.
     #[arg(

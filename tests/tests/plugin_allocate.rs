@@ -12,8 +12,8 @@ mod common;
 use std::time::Duration;
 
 use common::world::{
-    Gpu, NODE, World, grant, lock, pod_annotation, released, schedule, schedule_containers, world,
-    world_on,
+    Gpu, NODE, Setup, World, grant, lock, pod_annotation, released, schedule, schedule_containers,
+    world, world_on, world_with,
 };
 use serde_json::Value;
 use tests::hami_emulator::HamiEmulator;
@@ -302,8 +302,9 @@ async fn two_gpus_in_one_container(w: &World) {
 }
 
 /// 50 pods bound at once (no node lock: found by the fallback rule, oldest
-/// bind-time first), 50 Allocates in flight together: every pod gets its
-/// CUs, and no two pods share a CU.
+/// bind-time first, which the plugin follows only with
+/// `--annotations-protected`, as the chart runs it), 50 Allocates in flight
+/// together: every pod gets its CUs, and no two pods share a CU.
 #[test]
 fn fifty_pods_at_once_never_share_a_cu() {
     if !common::can_run_bus_tests() {
@@ -313,7 +314,14 @@ fn fifty_pods_at_once_never_share_a_cu() {
 }
 
 async fn fifty_pods() {
-    let w = world().await;
+    let w = world_with(&Setup {
+        fixture: "mi300x-8-spx",
+        devices: 80,
+        gpud_args: &[],
+        plugin_args: &["--annotations-protected".to_owned(), "true".to_owned()],
+        prepare: &|_| {},
+    })
+    .await;
     let hami = HamiEmulator {
         node: NODE.to_owned(),
     };

@@ -61,7 +61,7 @@ impl Allocator {
         let node = self.caches.node();
         let (mark, cached) = self.caches.pods_with_mark();
         let (pods, _) = self.ours.view(mark, cached);
-        if let Ok(pod) = pod::find(node.as_deref(), &pods, &self.caches.node_name, size) {
+        if let Ok(pod) = pod::find(node.as_deref(), &pods, self.wanted(size)) {
             return Some(pod);
         }
         let pod = self.lock_owner_from_api(size).await?;

@@ -42,7 +42,7 @@ impl Allocator {
     /// from the API server returns them.
     async fn binding_pod_from_api(&self, count: usize) -> Option<Arc<Pod>> {
         let pods = self.list_node_pods().await?;
-        let pod = pod::find(None, &pods, &self.caches.node_name, count).ok()?;
+        let pod = pod::find(None, &pods, self.wanted(count)).ok()?;
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
         info!(pod = %who, "the cache lagged behind a pod bound without the lock; listed the node's pods");
         Some(pod)
@@ -182,6 +182,7 @@ mod tests {
             hook_dir: "/nonexistent".into(),
             resource_name: "amd.com/gpu".into(),
             cdi: false,
+            annotations_protected: false,
         };
         let (_, snapshots) = watch::channel(Snapshot::default());
         let caches = Caches::from_stores("n", nodes, pods);

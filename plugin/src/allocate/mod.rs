@@ -51,6 +51,8 @@ pub struct AllocateConfig {
     pub resource_name: String,
     /// Answer with CDI device names (amd-gpud's spec) instead of device nodes.
     pub cdi: bool,
+    /// HAMi's pod annotations are protected by admission (`--annotations-protected`).
+    pub annotations_protected: bool,
 }
 
 /// Why an Allocate failed, as the `reason` label of the error metric.
@@ -185,7 +187,7 @@ impl Allocator {
         }
         let node = self.caches.node();
         let mut pods = self.view();
-        let pod = match pod::find(node.as_deref(), &pods, &self.caches.node_name, ids.len()) {
+        let pod = match pod::find(node.as_deref(), &pods, self.wanted(ids.len())) {
             Ok(pod) => pod,
             Err(err) => {
                 let pod = self
@@ -222,6 +224,16 @@ impl Allocator {
                 let message = format!("allocating AMD GPUs for {who}: {err}");
                 Err(AllocateError::new(err.reason, message))
             }
+        }
+    }
+
+    /// What kubelet is allocating: `count` devices of our resource here.
+    fn wanted(&self, count: usize) -> pod::Wanted<'_> {
+        pod::Wanted {
+            node_name: &self.caches.node_name,
+            resource: &self.config.resource_name,
+            count,
+            annotations_protected: self.config.annotations_protected,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Finding the pod HAMi is binding (hami-protocol §3.4) in the watch cache:
-//! the owner of the node lock, else the fallback rule, preferring the oldest
-//! `bind-time`.
+//! the owner of the node lock, else the one pod the fallback rule names
+//! among those bound here whose spec asks for the devices (see [`find`]).
 
 use std::sync::Arc;
 
@@ -65,16 +65,36 @@ pub fn next_entry_len(pod: &Pod) -> Option<usize> {
         .map(|c| c.len())
 }
 
-/// The pod being bound on `node_name` for a request of `count` devices.
+/// What kubelet is allocating: `count` devices of `resource` on node
+/// `node_name`.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    pub node_name: &'a str,
+    pub resource: &'a str,
+    pub count: usize,
+    /// Only HAMi and the plugin can write HAMi's pod annotations (admission).
+    pub annotations_protected: bool,
+}
+
+/// The pod being bound for `wanted`: the lock owner when the node lock names
+/// one (HAMi wrote it on the node, which pods' authors cannot write), else
+/// the Pending pod bound to this node that HAMi is allocating for and whose
+/// spec asks for `count` devices of `resource` in some container. The
+/// annotations of that fallback rule (`bind-time`, `bind-phase`,
+/// `vgpu-node`) are the pod author's to write unless admission protects
+/// them: with `annotations_protected` several candidates are settled by the
+/// oldest `bind-time` (HAMi's rule), without it they are refused.
 ///
 /// # Errors
-/// A message saying why no pod fits.
+/// A message saying why no pod, or no single pod, fits.
 pub fn find(
     node: Option<&Node>,
     pods: &[Arc<Pod>],
-    node_name: &str,
-    count: usize,
+    wanted: Wanted<'_>,
 ) -> Result<Arc<Pod>, String> {
+    let Wanted {
+        node_name, count, ..
+    } = wanted;
     if let Some((namespace, name)) = node.map(lock_owner).transpose()?.flatten() {
         // A lock owner without a matching entry is a stale view (the lock
         // moved on, or the pod's last write has not come back yet).
@@ -92,24 +112,81 @@ pub fn find(
     }
     let mut candidates: Vec<&Arc<Pod>> = pods
         .iter()
-        .filter(|p| {
-            let a = p.annotations();
-            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
-                && a.contains_key(BIND_TIME_KEY)
-                && a.get(BIND_PHASE_KEY).map(String::as_str) == Some("allocating")
-                && a.get(VGPU_NODE_KEY).map(String::as_str) == Some(node_name)
-                && next_entry_len(p) == Some(count)
-        })
+        .filter(|p| fallback_candidate(p, wanted))
         .collect();
-    candidates.sort_by_key(|p| {
-        p.annotations()
-            .get(BIND_TIME_KEY)
-            .and_then(|t| t.parse::<u64>().ok())
-            .unwrap_or(u64::MAX)
-    });
-    candidates.first().map(|p| Arc::clone(p)).ok_or_else(|| {
-        format!("no binding pod found on node {node_name} for {count} AMD device(s)")
-    })
+    if wanted.annotations_protected {
+        candidates.sort_by_key(|p| {
+            p.annotations()
+                .get(BIND_TIME_KEY)
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        });
+        candidates.truncate(1);
+    }
+    match candidates.as_slice() {
+        [one] => Ok(Arc::clone(one)),
+        [] => Err(format!(
+            "no binding pod found on node {node_name} for {count} AMD device(s)"
+        )),
+        many => {
+            let names: Vec<String> = many
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+                .collect();
+            Err(format!(
+                "{} pods on node {node_name} claim to be bound for {count} AMD device(s) and \
+                 no node lock names one: {}; refusing to guess, since their bind-time is \
+                 theirs to write (--annotations-protected once admission protects HAMi's \
+                 annotations)",
+                names.len(),
+                names.join(", ")
+            ))
+        }
+    }
+}
+
+/// The fallback rule (hami-protocol §3.4), narrowed to what a pod's author
+/// cannot forge: kubelet's binding of the pod to this node and a container
+/// of its spec asking for `count` devices of `resource`.
+fn fallback_candidate(pod: &Pod, wanted: Wanted<'_>) -> bool {
+    let a = pod.annotations();
+    let bound_here =
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(wanted.node_name);
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
+        && bound_here
+        && a.contains_key(BIND_TIME_KEY)
+        && a.get(BIND_PHASE_KEY).map(String::as_str) == Some("allocating")
+        && a.get(VGPU_NODE_KEY).map(String::as_str) == Some(wanted.node_name)
+        && next_entry_len(pod) == Some(wanted.count)
+        && asks_for(pod, wanted.resource, wanted.count)
+}
+
+/// Whether a container (init or app) of `pod` asks for exactly `count`
+/// devices of `resource` (an extended resource: its limit, or its request
+/// when only that is given).
+fn asks_for(pod: &Pod, resource: &str, count: usize) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let wanted = count.to_string();
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .filter_map(|c| c.resources.as_ref())
+        .any(|r| {
+            let of = |m: &Option<
+                std::collections::BTreeMap<
+                    String,
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+                >,
+            >| {
+                m.as_ref()
+                    .and_then(|m| m.get(resource))
+                    .map(|q| q.0.trim() == wanted)
+            };
+            of(&r.limits).or_else(|| of(&r.requests)).unwrap_or(false)
+        })
 }
 
 #[cfg(test)]

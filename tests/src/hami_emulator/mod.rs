@@ -173,7 +173,9 @@ impl HamiEmulator {
         containers: &[Vec<Grant>],
         now: u64,
     ) {
-        let spec = json!([{"name": "c", "image": "rocm"}]);
+        let devices: usize = containers.iter().map(Vec::len).sum();
+        let limits = json!({"amd.com/gpu": devices.to_string()});
+        let spec = json!([{"name": "c", "image": "rocm", "resources": {"limits": limits}}]);
         self.put_bound(api, name, containers, now, json!({"containers": spec}));
     }
 

@@ -16,6 +16,7 @@ use tests::{
 pub const NODE: &str = "gpu-node-1";
 pub const LOCK: &str = "hami.io/mutex.lock";
 
+#[derive(Debug, Clone)]
 pub struct Gpu {
     pub id: String,
     pub device_type: String,
