@@ -91,6 +91,23 @@ fn a_pods_author_cannot_forge_hamis_annotations() {
             "{refusal}"
         );
 
+        // The annotation attacks of issue 19, each refused at admission:
+        // defect 1 (a CU range of 2^31 CUs, the plugin's OOM), defect 3
+        // (the fallback rule's annotations with an old bind-time), defect 4
+        // (a whole GPU granted by the author).
+        let attacks = [
+            json!({"hami.io/amd-devices-allocated": "X,T,1,2147483647:;",
+                   "hami.io/amd-cu-allocated": r#"{"X":"0-2147483646"}"#}),
+            json!({"hami.io/vgpu-node": "node-a", "hami.io/bind-phase": "allocating",
+                   "hami.io/bind-time": "1",
+                   "hami.io/amd-devices-to-allocate": "GPU-1,AMD,196608,304:;"}),
+            json!({"hami.io/amd-devices-allocated": "GPU-1,AMD,196608,304:;"}),
+        ];
+        for (i, annotations) in attacks.iter().enumerate() {
+            let (code, answer) = create(&format!("attack-{i}"), annotations);
+            assert_eq!(code, 403, "{annotations}: {answer}");
+        }
+
         // A user's own hints are not HAMi's decisions.
         let hint = json!({"hami.io/gpu-scheduler-policy": "binpack", "team": "gpu"});
         let (code, answer) = create("honest", &hint);
