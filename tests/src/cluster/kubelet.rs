@@ -297,12 +297,21 @@ impl RealKubelet {
     /// The requests the runtime got for `call` (`RunPodSandbox`,
     /// `CreateContainer`), in order, as CRI's JSON.
     pub fn requests(&self, call: &str) -> Vec<Value> {
+        self.timed_requests(call)
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
+    }
+
+    /// [`Self::requests`], each with when the runtime got it (Unix
+    /// nanoseconds).
+    pub fn timed_requests(&self, call: &str) -> Vec<(u64, Value)> {
         let path = self.dir.path().join("cri-requests.jsonl");
         let text = fs::read_to_string(path).unwrap_or_default();
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter(|v| v["call"] == call)
-            .map(|v| v["request"].clone())
+            .map(|v| (v["at"].as_u64().unwrap_or_default(), v["request"].clone()))
             .collect()
     }
 }

@@ -14,6 +14,7 @@
 pub mod chart;
 mod files;
 pub mod kubelet;
+pub mod probe;
 pub mod setup;
 
 use std::{

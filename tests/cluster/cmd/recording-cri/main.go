@@ -1,9 +1,10 @@
 // Command recording-cri serves a container runtime (CRI RuntimeService and
 // ImageService) for a real kubelet on a machine with no container engine:
 // the in-memory runtime of k8s.io/cri-client/pkg/fake, which pulls no image
-// and runs nothing, plus a JSON line per RunPodSandbox and CreateContainer
-// request in -record, so that tests read what a container would really have
-// been given (devices, environment, mounts, CDI devices, annotations).
+// and runs nothing, plus a JSON line per PullImage, RunPodSandbox and
+// CreateContainer request in -record ({"call", "at": Unix nanoseconds,
+// "request"}), so that tests read what a container would really have been
+// given (devices, environment, mounts, CDI devices, annotations) and when.
 //
 // On top of the in-memory runtime it reports the cgroupfs driver, an image
 // size (kubelet refuses images of size 0: "Id or size of image ... is not
@@ -27,6 +28,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -61,13 +63,21 @@ func (r *runtime) write(call string, req proto.Message) {
 		log.Printf("recording-cri: encoding %s: %v", call, err)
 		return
 	}
-	line := append([]byte(`{"call":"`+call+`","request":`), body...)
+	at := strconv.FormatInt(time.Now().UnixNano(), 10)
+	line := append([]byte(`{"call":"`+call+`","at":`+at+`,"request":`), body...)
 	line = append(line, "}\n"...)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, err := r.record.Write(line); err != nil {
 		log.Printf("recording-cri: writing the record: %v", err)
 	}
+}
+
+// PullImage records the pull (kubelet pulls an image it does not have,
+// after admission) and lets the in-memory image service "pull" it.
+func (r *runtime) PullImage(ctx context.Context, req *runtimeapi.PullImageRequest) (*runtimeapi.PullImageResponse, error) {
+	r.write("PullImage", req)
+	return r.RemoteRuntime.PullImage(ctx, req)
 }
 
 func (r *runtime) RunPodSandbox(ctx context.Context, req *runtimeapi.RunPodSandboxRequest) (*runtimeapi.RunPodSandboxResponse, error) {
