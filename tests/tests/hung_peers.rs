@@ -199,3 +199,67 @@ async fn stopped_gpud() {
     assert!(ready, "not ready again: {:?}", w.http("/readyz"));
     assert_eq!(w.kubelet.devices(), before);
 }
+
+#[test]
+fn a_blackholed_api_server_bounds_allocate_and_frees_the_next_one() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(240), blackholed_api());
+}
+
+/// How long after its call an Allocate must have answered: the plugin's
+/// deadline (20 s) and as much again for a loaded machine. Before the fix
+/// one Allocate took the pod patch's timeout, the failure patch's, and the
+/// release's five attempts (about two minutes), and the next waited for all
+/// of it.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(40);
+
+async fn blackholed_api() {
+    use common::world::{lock, schedule, world};
+    let w = world().await;
+    let cgroup = MemCgroup::enter(w.plugin.0.id(), "hung-api");
+    let idle = status_kib(w.plugin.0.id(), "VmHWM:");
+    let g0 = &w.gpus[0];
+    schedule(&w.api, "stuck", &[(g0, 1024, 38)], 200);
+    tokio::time::sleep(Duration::from_millis(300)).await; // the watch delivers it
+    w.api.set_blackhole(true);
+
+    // Kubelet's Allocate for the pod, and a second one a second later (as
+    // kubelet would after the first gave up), both while nothing answers.
+    let ids = vec![format!("{}#0", g0.id)];
+    let call = |delay: u64| {
+        let ids = ids.clone();
+        let kubelet = &w.kubelet;
+        async move {
+            tokio::time::sleep(Duration::from_secs(delay)).await;
+            let start = Instant::now();
+            let answer = tokio::time::timeout(ANSWERED_WITHIN, kubelet.allocate(ids)).await;
+            (answer, start.elapsed())
+        }
+    };
+    let ((first, t1), (second, t2)) = tokio::join!(call(0), call(1));
+    eprintln!("blackholed API server: Allocates answered after {t1:?} and {t2:?}");
+    for answer in [first, second] {
+        let err = answer
+            .expect("an Allocate did not answer while the API server is a blackhole")
+            .unwrap_err();
+        eprintln!("  {}", err.message());
+        assert!(err.message().contains("default/stuck"), "{err:?}");
+    }
+    memory_report(&w, &cgroup, "API server blackholed", idle);
+
+    // Once the API server answers again, the plugin's background writes end
+    // (the lock is released) and the next pod is allocated.
+    w.api.set_blackhole(false);
+    assert!(
+        eventually(Duration::from_secs(90), || lock(&w.api).is_none()).await,
+        "the node lock was never released: {:?}",
+        lock(&w.api)
+    );
+    let g1 = &w.gpus[1];
+    schedule(&w.api, "after", &[(g1, 1024, 38)], 201);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answer = w.kubelet.allocate(vec![format!("{}#0", g1.id)]).await;
+    assert!(answer.is_ok(), "{answer:?}");
+}
