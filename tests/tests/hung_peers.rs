@@ -263,3 +263,93 @@ async fn blackholed_api() {
     let answer = w.kubelet.allocate(vec![format!("{}#0", g1.id)]).await;
     assert!(answer.is_ok(), "{answer:?}");
 }
+
+#[test]
+fn no_partition_switch_while_the_api_server_is_down_at_start() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(240), switch_blind());
+}
+
+/// How long the switch is watched with the API server down: past the 30 s
+/// the plugin used to wait for its pods cache before switching regardless.
+const BLIND: Duration = Duration::from_secs(40);
+
+async fn switch_blind() {
+    use common::world::{NODE, world};
+    use tests::{
+        apiserver::Kind,
+        fixture::{self, BuildOptions, PartitionMode, driver::FakeDriver},
+        kubelet::pod_resources::FakePodResources,
+    };
+    let mut w = world().await;
+    let opts = BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    };
+    let driver = FakeDriver::start(w.root(), fixture::named("mi300x-8-spx").unwrap(), opts);
+    // GPU 0 is held by a running pod (its HAMi annotation), GPU 1 by a
+    // container kubelet's pod-resources API names.
+    let (g0, g1) = (&w.gpus[0], &w.gpus[1]);
+    let allocated = format!("{},{},1024,38:;", g0.id, g0.device_type);
+    w.api.put_pod(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "holder", "namespace": "default",
+                     "annotations": {"hami.io/amd-devices-allocated": allocated}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "rocm"}]},
+        "status": {"phase": "Running"}
+    }));
+    let pod_resources = FakePodResources::start().unwrap();
+    let held = vec![format!("{}#0", g1.id)];
+    pod_resources.assign("default", "other", "c", "amd.com/gpu", &held);
+
+    // The plugin starts with the API server down, asked to switch to CPX.
+    w.api.set_unreachable(true);
+    let socket = pod_resources.socket().display().to_string();
+    let args = [
+        "--compute-partition",
+        "CPX",
+        "--pod-resources-socket",
+        &socket,
+    ];
+    w.extra.extend(args.iter().map(ToString::to_string));
+    w.restart_plugin().await;
+    let cgroup = MemCgroup::enter(w.plugin.0.id(), "blind-switch");
+    let idle = status_kib(w.plugin.0.id(), "VmHWM:");
+    let modes = || -> Vec<PartitionMode> {
+        driver
+            .spec()
+            .gpus
+            .iter()
+            .map(|g| g.compute_mode())
+            .collect()
+    };
+    let spx = modes()[0];
+    let switched = eventually(BLIND, || modes().iter().any(|m| *m != spx)).await;
+    assert!(
+        !switched,
+        "switched without a view of allocations: {:?}",
+        modes()
+    );
+    memory_report(&w, &cgroup, "API server down at start", idle);
+
+    // Back: the idle GPUs are switched, the held ones are not.
+    w.api.set_unreachable(false);
+    let done = eventually(Duration::from_secs(90), || {
+        modes()[2..].iter().all(|m| *m != spx)
+    })
+    .await;
+    assert!(done, "idle GPUs not switched: {:?}", modes());
+    assert_eq!(&modes()[..2], &[spx, spx], "a held GPU was switched");
+    let resumed = eventually(Duration::from_secs(20), || {
+        w.api.list(Kind::EventV1).iter().any(|e| {
+            e["reason"] == "PartitionSwitchResumed"
+                && e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("not listed them"))
+        })
+    })
+    .await;
+    assert!(resumed, "no Event saying why: {:?}", w.api.events());
+}
