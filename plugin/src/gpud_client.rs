@@ -4,7 +4,10 @@
 //! the whole inventory at start, again on each `InventoryChanged` signal, and
 //! whenever amd-gpud (re)appears on the bus. When the bus or amd-gpud goes
 //! away the last snapshot is kept (marked disconnected) and the task
-//! reconnects by itself.
+//! reconnects by itself. A read that amd-gpud does not answer within
+//! [`READ_TIMEOUT`] (a hung or stopped daemon keeps its name on the bus and
+//! answers nothing) counts as a disconnection too: the snapshot is kept,
+//! marked disconnected (so `/readyz` fails), and the next pulse reads again.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -61,6 +64,12 @@ impl Snapshot {
     }
 }
 
+/// How long one whole read of the inventory may take. amd-gpud serves it
+/// from memory (milliseconds for 64 partitions); a read that takes longer
+/// means amd-gpud is hung, and without a bound the session would wait for
+/// it forever, the snapshot still marked connected.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Why a session with amd-gpud ended.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -72,6 +81,8 @@ pub enum SessionError {
     Api(#[from] ipc::ApiError),
     #[error("lost the connection to the bus")]
     BusLost,
+    #[error("amd-gpud did not answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// Starts following amd-gpud; the receiver always holds the latest snapshot.
@@ -139,6 +150,8 @@ async fn session(
     let mut changes = node.receive_inventory_changed().await?;
     refresh(&conn, &node, tx).await;
     let mut resync = tokio::time::interval(pulse.max(Duration::from_secs(1)));
+    // A read that timed out must not be followed by a burst of catch-up reads.
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     resync.tick().await;
     loop {
         tokio::select! {
@@ -165,20 +178,11 @@ async fn session(
     }
 }
 
-/// Reads every GPU; on failure keeps the old snapshot and marks it stale.
+/// Reads every GPU; on failure (or no answer within [`READ_TIMEOUT`]) keeps
+/// the old snapshot and marks it stale.
 async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Snapshot>) {
-    match read_all(conn, node).await {
-        Ok((gpus, partitions)) => {
-            let dmem_backend = node.dmem_backend().await.unwrap_or_else(|err| {
-                format!("off: amd-gpud does not report its VRAM cap backend ({err})")
-            });
-            let mut fresh = Snapshot {
-                gpus,
-                partitions,
-                connected: true,
-                dmem_backend,
-                parents: BTreeMap::new(),
-            };
+    match read_within(conn, node, READ_TIMEOUT).await {
+        Ok(mut fresh) => {
             tx.send_if_modified(|s| {
                 keep_vanished(s, &mut fresh);
                 let changed = *s != fresh;
@@ -187,10 +191,34 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
             });
         }
         Err(err) => {
-            warn!("cannot read the inventory from amd-gpud: {err}");
+            warn!("cannot read the inventory from amd-gpud: {err}; keeping the last one");
             tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
         }
     }
+}
+
+/// The whole inventory and the VRAM cap backend, read within `limit`.
+async fn read_within(
+    conn: &Connection,
+    node: &NodeProxy<'_>,
+    limit: Duration,
+) -> Result<Snapshot, SessionError> {
+    let read = async {
+        let (gpus, partitions) = read_all(conn, node).await?;
+        let dmem_backend = node.dmem_backend().await.unwrap_or_else(|err| {
+            format!("off: amd-gpud does not report its VRAM cap backend ({err})")
+        });
+        Ok(Snapshot {
+            gpus,
+            partitions,
+            connected: true,
+            dmem_backend,
+            parents: BTreeMap::new(),
+        })
+    };
+    tokio::time::timeout(limit, read)
+        .await
+        .map_err(|_| SessionError::Timeout(limit))?
 }
 
 /// Why a GPU kept by [`keep_vanished`] is missing.

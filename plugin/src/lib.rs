@@ -156,8 +156,18 @@ pub async fn serve(
     let (stop, stopped) = watch::channel(false);
     let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped, &decoder));
     if let Some(target) = cli.compute_partition.clone() {
-        let caches = side.as_ref().map(|s| s.caches.clone());
-        tokio::spawn(switcher::switch_idle_gpus(bus.clone(), raw, caches, target));
+        let sources = switcher::Sources {
+            caches: side.as_ref().map(|s| s.caches.clone()),
+            pod_resources: cli.pod_resources(),
+            resource_name: cli.resource_name.clone(),
+            events: side.as_ref().map(|s| s.events.clone()),
+        };
+        tokio::spawn(switcher::switch_idle_gpus(
+            bus.clone(),
+            raw,
+            sources,
+            target,
+        ));
     }
     if side.is_none() {
         info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
@@ -199,6 +209,7 @@ pub async fn serve(
 /// What runs with the Kubernetes API.
 struct KubeSide {
     caches: kube::Caches,
+    events: kube::Events,
     allocator: Arc<allocate::Allocator>,
     hint: Arc<dyn kubelet::AllocationHint>,
     vram: Arc<vram::VramCaps>,
@@ -247,7 +258,7 @@ fn start_kube(
     });
     tokio::spawn(health_events::follow(
         snapshots.clone(),
-        events,
+        events.clone(),
         caches.clone(),
         until(stopped.clone()),
     ));
@@ -267,6 +278,7 @@ fn start_kube(
             allocator: allocator.clone(),
         }),
         caches,
+        events,
         allocator,
         vram,
         registrar,

@@ -1,9 +1,13 @@
 //! `COMPUTE_PARTITION=<mode>`: at start, ask amd-gpud to switch every idle
 //! GPU that offers the mode. amd-gpud owns the switch and refuses a GPU in
 //! use; the plugin adds what only it knows: whether pods on this node hold
-//! allocations on the GPU (from the watch cache).
+//! allocations on the GPU (from the watch cache, and from kubelet's
+//! pod-resources API). No GPU is switched before both can be trusted (the
+//! pods listed, the watches answering, pod-resources answering): a view
+//! without them would call a GPU that a running pod holds idle. The plugin
+//! says why it waits (log, a Warning Event) and switches once they can.
 
-use std::time::Duration;
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client, ResourceExt};
@@ -14,9 +18,50 @@ use crate::{
     devices::gpu_id,
     gpud_client::{Bus, Snapshot, connect},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
-    kube::{CALL_TIMEOUT, Caches},
+    kube::{CALL_TIMEOUT, Caches, Events, Regarding},
     partition::{self, MODE_ANNOTATION, OperatingMode},
+    vram::owners::list_pod_resources,
 };
+
+/// The Event reasons: the switch waits for a trustworthy view of
+/// allocations (Warning), and goes on once it has one (Normal).
+pub const DEFERRED: &str = "PartitionSwitchDeferred";
+pub const RESUMED: &str = "PartitionSwitchResumed";
+
+/// How often a view that cannot be trusted yet is looked at again.
+const RECHECK: Duration = Duration::from_secs(2);
+
+/// Where the switch learns which GPUs pods hold.
+#[derive(Clone, Default)]
+pub struct Sources {
+    /// The watch caches (`None` with `--kube none`).
+    pub caches: Option<Caches>,
+    /// Kubelet's pod-resources socket (`None` when turned off).
+    pub pod_resources: Option<PathBuf>,
+    /// The resource whose devices pod-resources names (`amd.com/gpu`).
+    pub resource_name: String,
+    pub events: Option<Events>,
+}
+
+/// Every allocation the node's pods hold, from a view that can be trusted.
+#[derive(Debug, Default)]
+struct Allocations {
+    pods: Vec<Arc<Pod>>,
+    /// Device ids (`<gpu id>#<slot>`) kubelet gave containers.
+    devices: Vec<String>,
+}
+
+impl Allocations {
+    /// Whether the GPU `id` (or one of its partitions) is held.
+    fn on(&self, id: &str) -> bool {
+        let prefix = format!("{id}-");
+        let held = |d: &String| {
+            let gpu = d.split('#').next().unwrap_or_default();
+            gpu == id || gpu.starts_with(&prefix)
+        };
+        allocations_on(&self.pods, id) || self.devices.iter().any(held)
+    }
+}
 
 /// The operating mode: the node annotation when set, else the flag.
 pub async fn operating_mode(
@@ -62,21 +107,19 @@ pub fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool {
         .any(|d| d.uuid == gpu_id || d.uuid.starts_with(&prefix))
 }
 
-/// Switches every GPU of the first connected snapshot that offers `target`.
+/// Switches every GPU of the first connected snapshot that offers `target`,
+/// once the view of allocations can be trusted.
 pub async fn switch_idle_gpus(
     bus: Bus,
     mut raw: watch::Receiver<Snapshot>,
-    caches: Option<Caches>,
+    sources: Sources,
     target: String,
 ) {
     if raw.wait_for(|s| s.connected).await.is_err() {
         return;
     }
-    if let Some(caches) = &caches {
-        let _ = tokio::time::timeout(Duration::from_secs(30), caches.pods.wait_until_ready()).await;
-    }
+    let held = trusted(&sources, &target).await;
     let gpus = raw.borrow().gpus.clone();
-    let pods = caches.map(|c| c.pods.state()).unwrap_or_default();
     for gpu in gpus {
         let offered = gpu
             .available_compute_partitions
@@ -86,7 +129,7 @@ pub async fn switch_idle_gpus(
         if missing || !offered || gpu.compute_partition.eq_ignore_ascii_case(&target) {
             continue;
         }
-        let busy = allocations_on(&pods, &gpu_id(&gpu));
+        let busy = held.on(&gpu_id(&gpu));
         match call(&bus, &gpu.bdf, &target, busy).await {
             Ok(generation) => {
                 info!(gpu = %gpu.bdf, mode = %target, generation, "compute partition switched")
@@ -96,6 +139,101 @@ pub async fn switch_idle_gpus(
             }
         }
     }
+}
+
+/// Waits until [`allocations`] can be had, saying why it waits (each new
+/// reason logged, the first one in the Events).
+async fn trusted(sources: &Sources, target: &str) -> Allocations {
+    let mut deferred: Option<(tokio::time::Instant, String)> = None;
+    let mut last = String::new();
+    loop {
+        let why = match allocations(sources).await {
+            Ok(held) => {
+                if let Some((since, why)) = deferred {
+                    let note = format!(
+                        "switching idle GPUs to {target} after {:.0?}: the view of allocations \
+                         can be trusted now (it could not: {why})",
+                        since.elapsed()
+                    );
+                    info!("{note}");
+                    event(sources, false, RESUMED, note);
+                }
+                return held;
+            }
+            Err(why) => why,
+        };
+        if why != last {
+            let note = format!(
+                "no GPU is switched to {target} yet: {why}; without it a GPU a running pod \
+                 holds could look idle"
+            );
+            warn!("{note}");
+            if deferred.is_none() {
+                event(sources, true, DEFERRED, note);
+                deferred = Some((tokio::time::Instant::now(), why.clone()));
+            }
+            last = why;
+        }
+        tokio::time::sleep(RECHECK).await;
+    }
+}
+
+/// A Node Event, when there is an API server to send it to.
+fn event(sources: &Sources, warning: bool, reason: &str, note: String) {
+    let (Some(events), Some(caches)) = (&sources.events, &sources.caches) else {
+        return;
+    };
+    let regarding = Regarding::Node {
+        name: caches.node_name.clone(),
+        uid: caches
+            .node()
+            .and_then(|n| n.metadata.uid.clone())
+            .unwrap_or_default(),
+    };
+    if warning {
+        events.warning(&regarding, reason, "PartitionSwitch", note);
+    } else {
+        events.normal(&regarding, reason, "PartitionSwitch", note);
+    }
+}
+
+/// The allocations on this node, or why they cannot be trusted now.
+async fn allocations(sources: &Sources) -> Result<Allocations, String> {
+    if sources.caches.is_none() && sources.pod_resources.is_none() {
+        return Err(
+            "neither the Kubernetes API (--kube none) nor kubelet's pod-resources \
+                    API (--pod-resources-socket none) tells which GPUs pods hold"
+                .to_owned(),
+        );
+    }
+    let mut held = Allocations::default();
+    if let Some(caches) = &sources.caches {
+        let listed = tokio::time::timeout(RECHECK, caches.pods.wait_until_ready()).await;
+        if !matches!(listed, Ok(Ok(()))) {
+            return Err(format!(
+                "the watch of the pods on node {} has not listed them (the API server does not answer)",
+                caches.node_name
+            ));
+        }
+        if !caches.connected() {
+            return Err("the API server's watches fail: the cached pods may be stale".to_owned());
+        }
+        held.pods = caches.pods.state();
+    }
+    if let Some(path) = &sources.pod_resources {
+        let list = list_pod_resources(path)
+            .await
+            .map_err(|why| format!("kubelet's pod-resources API ({}): {why}", path.display()))?;
+        held.devices = list
+            .pod_resources
+            .iter()
+            .flat_map(|p| &p.containers)
+            .flat_map(|c| &c.devices)
+            .filter(|d| d.resource_name == sources.resource_name)
+            .flat_map(|d| d.device_ids.iter().cloned())
+            .collect();
+    }
+    Ok(held)
 }
 
 async fn call(bus: &Bus, gpu: &str, mode: &str, allocations_exist: bool) -> Result<u64, String> {
@@ -126,6 +264,16 @@ mod tests {
             }))
             .unwrap(),
         )
+    }
+
+    #[test]
+    fn a_device_kubelet_gave_a_container_counts() {
+        let held = Allocations {
+            pods: vec![],
+            devices: vec!["GPU-A#3".into(), "GPU-B-cpx1#0".into()],
+        };
+        assert!(held.on("GPU-A") && held.on("GPU-B"));
+        assert!(!held.on("GPU-AB") && !held.on("GPU-C"));
     }
 
     #[test]

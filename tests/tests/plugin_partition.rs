@@ -259,6 +259,11 @@ async fn switch_at_start() {
         .unwrap();
     let held = w.gpus[3].id.clone();
 
+    // The switch waits for kubelet's pod-resources API to answer too.
+    let pod_resources = tests::kubelet::pod_resources::FakePodResources::start().unwrap();
+    let socket = pod_resources.socket().display().to_string();
+    w.extra
+        .extend(["--pod-resources-socket".to_owned(), socket]);
     w.extra
         .extend(["--compute-partition".to_owned(), "CPX".to_owned()]);
     w.restart_plugin().await;

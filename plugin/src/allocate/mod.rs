@@ -3,6 +3,7 @@
 //! and environment, and write back in one merge patch of the pod; release the
 //! node lock when the pod is complete. Reads come from the watch caches.
 
+mod deadline;
 mod hint;
 mod lock;
 mod lookup;
@@ -19,6 +20,8 @@ use std::{
     sync::Arc,
 };
 
+pub use deadline::ALLOCATE_DEADLINE;
+use deadline::hold_until;
 pub use hint::HamiHint;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -29,7 +32,10 @@ pub use pod::{LOCK_KEY, parse_lock};
 use proto::v1beta1::ContainerAllocateResponse;
 pub use reuse::CU_SPARE_KEY;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, watch};
+use tokio::{
+    sync::{Mutex, watch},
+    time::Instant,
+};
 use tracing::{info, warn};
 
 use crate::{
@@ -70,6 +76,8 @@ pub enum Reason {
     Slice,
     /// Writing the pod back to the API server failed.
     ApiWrite,
+    /// The Allocate did not finish within [`ALLOCATE_DEADLINE`].
+    Deadline,
 }
 
 impl Reason {
@@ -82,6 +90,7 @@ impl Reason {
             Self::UnknownGpu => "unknown_gpu",
             Self::Slice => "cu_slice",
             Self::ApiWrite => "api_write",
+            Self::Deadline => "deadline",
         }
     }
 }
@@ -131,7 +140,7 @@ pub struct Allocator {
     config: AllocateConfig,
     serial: Arc<Mutex<()>>,
     /// Pods known ahead of the cache, laid over it (see [`ours`]).
-    ours: ours::Ours,
+    ours: Arc<ours::Ours>,
     /// The cached pods' CU claims, judged once per pod version.
     claims: occupancy::Claims,
     events: Events,
@@ -166,52 +175,49 @@ impl Allocator {
             snapshots,
             config,
             serial: Arc::new(Mutex::new(())),
-            ours: ours::Ours::default(),
+            ours: Arc::default(),
             claims: occupancy::Claims::default(),
         }
     }
 
-    /// One kubelet Allocate of `ids` (one container).
+    /// One kubelet Allocate of `ids` (one container), answered within
+    /// [`ALLOCATE_DEADLINE`].
     ///
     /// # Errors
     /// A message for kubelet saying what failed; after the pod was found the
-    /// pod is marked `bind-phase: failed` and the lock released first.
+    /// pod is marked `bind-phase: failed` and the lock released first (in
+    /// the background when that does not fit in the deadline).
     pub async fn allocate(
         &self,
         ids: &[String],
     ) -> Result<ContainerAllocateResponse, AllocateError> {
-        let serial = Arc::clone(&self.serial).lock_owned().await;
-        self.wait_for_pods_listed().await?;
-        if self.ours.ahead_len() > ours::AHEAD_LIMIT {
-            self.forget_gone_pods().await;
-        }
-        let node = self.caches.node();
-        let mut pods = self.view();
-        let pod = match pod::find(node.as_deref(), &pods, self.wanted(ids.len())) {
-            Ok(pod) => pod,
-            Err(err) => {
-                let pod = self
-                    .lock_owner_from_api(ids.len())
-                    .await
-                    .ok_or_else(|| AllocateError::new(Reason::NoPod, err))?;
-                // The pod read joins the view (its earlier containers' CUs count).
-                self.ours.learned(Arc::clone(&pod));
-                pods = self.view();
-                pod
-            }
+        let deadline = Instant::now() + ALLOCATE_DEADLINE;
+        let late = |what: &str| {
+            let message = format!(
+                "{what} within {ALLOCATE_DEADLINE:?} (the API server does not answer in time)"
+            );
+            AllocateError::new(Reason::Deadline, message)
         };
+        let lock = Arc::clone(&self.serial).lock_owned();
+        let serial = tokio::time::timeout_at(deadline, lock)
+            .await
+            .map_err(|_| late("the Allocate before this one did not finish"))?;
+        let (pod, pods) = tokio::time::timeout_at(deadline, self.find_for(ids.len()))
+            .await
+            .map_err(|_| late("no pod being bound was found"))??;
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-        match self.allocate_for(&pod, &pods, ids.len()).await {
+        let planned = tokio::time::timeout_at(deadline, self.allocate_for(&pod, &pods, ids.len()));
+        match planned
+            .await
+            .unwrap_or_else(|_| Err(late("the pod was not written back")))
+        {
             Ok((answer, complete)) => {
                 if complete {
                     // Kubelet need not wait for the lock; the next Allocate
-                    // does (it waits for `serial`, held until the release).
-                    let (client, caches) = (self.client.clone(), self.caches.clone());
-                    let pod = Arc::clone(&pod);
-                    tokio::spawn(async move {
-                        lock::release(&client, &caches, &pod).await;
-                        drop(serial);
-                    });
+                    // does (it waits for `serial`, held until the release
+                    // or the deadline).
+                    let release = self.release(Arc::clone(&pod));
+                    tokio::spawn(hold_until(release, serial, deadline));
                 }
                 info!(pod = %who, devices = ids.len(), "allocated");
                 self.remember_owner(ids, &pod, &pods);
@@ -219,8 +225,14 @@ impl Allocator {
             }
             Err(err) => {
                 warn!(pod = %who, "Allocate failed: {err}");
-                self.finish(&pod, json!({ pod::BIND_PHASE_KEY: "failed" }), true)
-                    .await;
+                let finish = self.finish_owned(pod, json!({ pod::BIND_PHASE_KEY: "failed" }));
+                let mut finish = tokio::spawn(hold_until(finish, serial, deadline));
+                if tokio::time::timeout_at(deadline, &mut finish)
+                    .await
+                    .is_err()
+                {
+                    warn!(pod = %who, "marking the pod failed and releasing the node lock go on in the background");
+                }
                 let message = format!("allocating AMD GPUs for {who}: {err}");
                 Err(AllocateError::new(err.reason, message))
             }
@@ -234,6 +246,29 @@ impl Allocator {
             resource: &self.config.resource_name,
             count,
             annotations_protected: self.config.annotations_protected,
+        }
+    }
+
+    /// The pod being bound for a request of `count` devices and the view to
+    /// plan on.
+    async fn find_for(&self, count: usize) -> Result<(Arc<Pod>, Vec<Arc<Pod>>), AllocateError> {
+        self.wait_for_pods_listed().await?;
+        if self.ours.ahead_len() > ours::AHEAD_LIMIT {
+            self.forget_gone_pods().await;
+        }
+        let node = self.caches.node();
+        let pods = self.view();
+        match pod::find(node.as_deref(), &pods, self.wanted(count)) {
+            Ok(pod) => Ok((pod, pods)),
+            Err(err) => {
+                let pod = self
+                    .lock_owner_from_api(count)
+                    .await
+                    .ok_or_else(|| AllocateError::new(Reason::NoPod, err))?;
+                // The pod read joins the view (its earlier containers' CUs count).
+                self.ours.learned(Arc::clone(&pod));
+                Ok((pod, self.view()))
+            }
         }
     }
 
@@ -447,16 +482,6 @@ impl Allocator {
             }
             Ok(Err(err)) => Err(format!("patching the pod: {err}")),
             Err(_) => Err(format!("patching the pod timed out after {CALL_TIMEOUT:?}")),
-        }
-    }
-
-    /// Marks the pod and releases the lock, logging (not returning) failures.
-    async fn finish(&self, pod: &Pod, annotations: Value, release: bool) {
-        if let Err(err) = self.patch_pod(pod, annotations).await {
-            warn!("{err}");
-        }
-        if release {
-            lock::release(&self.client, &self.caches, pod).await;
         }
     }
 }

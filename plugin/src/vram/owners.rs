@@ -115,7 +115,9 @@ impl Owners {
     }
 }
 
-async fn list_pod_resources(path: &std::path::Path) -> Result<ListPodResourcesResponse, String> {
+pub(crate) async fn list_pod_resources(
+    path: &std::path::Path,
+) -> Result<ListPodResourcesResponse, String> {
     let call = async {
         let channel = proto::unix::channel(path)
             .await

@@ -72,6 +72,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         // An error from the service makes hyper drop the connection without an answer.
         return Err(aborted());
     }
+    if shared.is_blackholed() {
+        shared.blackhole_lifted().await;
+        return Err(aborted());
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let query = parse_query(req.uri().query().unwrap_or(""));
@@ -394,6 +398,11 @@ impl Watch {
 
     async fn next(mut self) -> Option<(Result<Frame<Bytes>, io::Error>, Self)> {
         loop {
+            if self.shared.is_blackholed() {
+                self.shared.blackhole_lifted().await;
+                self.done = true;
+                return Some((Err(aborted()), self));
+            }
             if let Some((due, _)) = self.queue.front() {
                 tokio::time::sleep_until(*due).await;
             }

@@ -141,6 +141,8 @@ pub(crate) struct Shared {
     /// Bumped after every write (and on `set_unreachable`) to wake the watches.
     changed: watch::Sender<u64>,
     unreachable: AtomicBool,
+    /// While set, requests are accepted and never answered.
+    blackhole: AtomicBool,
     counts: Mutex<Counts>,
 }
 
@@ -177,6 +179,20 @@ impl Shared {
 
     pub(crate) fn is_unreachable(&self) -> bool {
         self.unreachable.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_blackholed(&self) -> bool {
+        self.blackhole.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the blackhole knob is off (at once when it is).
+    pub(crate) async fn blackhole_lifted(&self) {
+        let mut changed = self.subscribe();
+        while self.is_blackholed() {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
     }
 
     pub(crate) fn count(&self, verb: &str, resource: &str) {
@@ -223,6 +239,7 @@ impl FakeApiServer {
             lag: Mutex::new(Lag::new(WatchDelay::default(), 0)),
             changed: watch::Sender::new(0),
             unreachable: AtomicBool::new(false),
+            blackhole: AtomicBool::new(false),
             counts: Mutex::new(Counts::default()),
         });
         let (stop, stopped) = oneshot::channel();
@@ -378,6 +395,18 @@ impl FakeApiServer {
     /// ones at their next request) and open watches are cut.
     pub fn set_unreachable(&self, unreachable: bool) {
         self.shared.unreachable.store(unreachable, Ordering::SeqCst);
+        self.shared.changed.send_modify(|_| {});
+    }
+}
+
+impl FakeApiServer {
+    /// While set, the server is a blackhole: connections are accepted and
+    /// requests read, and none is answered (open watches stop sending);
+    /// when it is cleared, each request held is dropped unanswered (and
+    /// unapplied) and each open watch cut, as a client that gave up on a
+    /// silent connection would find it.
+    pub fn set_blackhole(&self, blackhole: bool) {
+        self.shared.blackhole.store(blackhole, Ordering::SeqCst);
         self.shared.changed.send_modify(|_| {});
     }
 }
