@@ -24,6 +24,7 @@ use ipc::proxy::NodeProxy;
 use rustix::fs::{FileType, Mode, OFlags};
 use tests::{
     bus::{self, PLUGIN_UID, Policy, PrivateBus},
+    fixture::cgroup::{CgroupDriver, QosClass, add_pod, write_dmem_cgroups},
     stack,
 };
 
@@ -213,4 +214,152 @@ async fn wait_rescan(node: &NodeProxy<'_>) -> u64 {
             Err(e) => panic!("{e}"),
         }
     }
+}
+
+/// `busctl call` of a Node method as `uid`.
+fn call_node(bus: &PrivateBus, uid: u32, member: &str, args: &[&str]) -> bus::RunOutput {
+    let mut all = vec![
+        "call",
+        bus::BUS_NAME,
+        ipc::ROOT_PATH,
+        ipc::NODE_INTERFACE,
+        member,
+    ];
+    all.extend_from_slice(args);
+    bus::busctl(bus, uid, &all).unwrap()
+}
+
+#[test]
+fn the_plugin_uid_gets_only_what_it_calls_and_short_errors() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let root = common::build_fixture("mi300x-8-spx");
+    let driver = CgroupDriver::Systemd;
+    let spec = tests::fixture::named("mi300x-8-spx").unwrap();
+    write_dmem_cgroups(&spec, root.path(), driver).unwrap();
+    add_pod(root.path(), driver, QosClass::Burstable, POD).unwrap();
+    let args = ["--dmem-any-fs"];
+    let gpud = stack::gpud_with(&common::fake_node_exe(), &bus, root.path(), 0, &args).unwrap();
+    let hwm_idle = vm_hwm_kib(gpud.0.id());
+    refused_what_it_never_calls(&bus);
+    tiny_caps_are_refused(&bus, root.path());
+    errors_are_short(&bus, root.path());
+    eprintln!(
+        "VmHWM idle {hwm_idle} KiB, after {} KiB",
+        vm_hwm_kib(gpud.0.id())
+    );
+}
+
+fn refused_what_it_never_calls(bus: &PrivateBus) {
+    // Calls the plugin never makes: refused by the bus policy.
+    let image = ["ayasa{ss}s", "0", "0", "0", ""];
+    for (member, args) in [("Rescan", &[][..]), ("RestoreCheck", &image[..])] {
+        let out = call_node(bus, PLUGIN_UID, member, args);
+        assert!(
+            !out.success() && out.stderr.contains("Access denied"),
+            "{member}: {out:?}"
+        );
+    }
+    let ping = [
+        "call",
+        bus::BUS_NAME,
+        "/",
+        "org.freedesktop.DBus.Peer",
+        "Ping",
+    ];
+    assert!(
+        bus::busctl(bus, PLUGIN_UID, &ping)
+            .unwrap()
+            .stderr
+            .contains("Access denied")
+    );
+}
+
+fn tiny_caps_are_refused(bus: &PrivateBus, root: &Path) {
+    // A cap of 0 bytes (or below 1 MiB) would starve the pod: refused, and
+    // dmem.max is not touched.
+    let dmem_max = pod_dmem_max(root);
+    let before = std::fs::read_to_string(&dmem_max).unwrap();
+    for bytes in ["0", "4096"] {
+        let out = call_node(
+            bus,
+            PLUGIN_UID,
+            "SetPodVramLimits",
+            &["sa{st}", POD, "1", "0000:05:00.0", bytes],
+        );
+        assert!(
+            !out.success() && out.stderr.contains("at least"),
+            "{bytes}: {out:?}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&dmem_max).unwrap(), before);
+    let ok = call_node(
+        bus,
+        PLUGIN_UID,
+        "SetPodVramLimits",
+        &["sa{st}", POD, "1", "0000:05:00.0", "1073741824"],
+    );
+    assert!(ok.success(), "{ok:?}");
+}
+
+fn errors_are_short(bus: &PrivateBus, root: &Path) {
+    // Errors to the plugin: no host path, and short however long the input.
+    let missing = "99999999-2222-4333-8444-555555555555";
+    let out = call_node(
+        bus,
+        PLUGIN_UID,
+        "SetPodVramLimits",
+        &["sa{st}", missing, "1", "0000:05:00.0", "1073741824"],
+    );
+    assert!(out.stderr.contains("no cgroup for pod"), "{out:?}");
+    let root_text = root.to_str().unwrap();
+    assert!(
+        !out.stderr.contains(root_text) && !out.stderr.contains("kubepods.slice"),
+        "{out:?}"
+    );
+    let huge = "x".repeat(100_000);
+    let out = call_node(
+        bus,
+        PLUGIN_UID,
+        "SetComputePartition",
+        &["ssb", &huge, "CPX", "false"],
+    );
+    assert!(
+        !out.success() && out.stderr.len() < 1024,
+        "{} bytes of error",
+        out.stderr.len()
+    );
+    let out = call_node(
+        bus,
+        PLUGIN_UID,
+        "SetPodVramLimits",
+        &["sa{st}", &huge, "1", "0000:05:00.0", "1073741824"],
+    );
+    assert!(
+        !out.success() && out.stderr.len() < 1024,
+        "{} bytes of error",
+        out.stderr.len()
+    );
+    // Root still gets the whole story.
+    let out = call_node(
+        bus,
+        0,
+        "SetPodVramLimits",
+        &["sa{st}", missing, "1", "0000:05:00.0", "1073741824"],
+    );
+    assert!(
+        out.stderr.contains(root_text) || out.stderr.contains("kubepods"),
+        "{out:?}"
+    );
+}
+
+/// The burstable pod's `dmem.max` under the systemd driver.
+fn pod_dmem_max(root: &Path) -> std::path::PathBuf {
+    let pod = POD.replace('-', "_");
+    root.join(tests::fixture::cgroup::CGROUP_MOUNT)
+        .join(format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/dmem.max"
+        ))
 }

@@ -73,13 +73,7 @@ impl Service {
     /// Whether a `Rescan` call at `now` may probe AMD SMI again (at most
     /// once per [`RESCAN_PROBE_EVERY`]); records the probe when it may.
     pub fn rescan_may_probe(&mut self, now: Instant) -> bool {
-        let recent = self
-            .requested_probe
-            .is_some_and(|at| now.saturating_duration_since(at) < RESCAN_PROBE_EVERY);
-        if !recent {
-            self.requested_probe = Some(now);
-        }
-        !recent
+        may_probe(&mut self.requested_probe, now)
     }
 
     /// Folds what a scan read into the registry (no I/O).
@@ -137,5 +131,35 @@ impl ScanPlan {
             probed,
             dmem,
         })
+    }
+}
+
+/// Whether a probe may start at `now` after the one at `last`; records it.
+fn may_probe(last: &mut Option<Instant>, now: Instant) -> bool {
+    let recent = last.is_some_and(|at| now.saturating_duration_since(at) < RESCAN_PROBE_EVERY);
+    if !recent {
+        *last = Some(now);
+    }
+    !recent
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rescan_calls_probe_amd_smi_at_most_once_per_interval() {
+        let start = Instant::now();
+        let mut last = None;
+        assert!(may_probe(&mut last, start));
+        // A flood of calls within the interval reads sysfs only.
+        for ms in [0, 1, 5_000, 9_999] {
+            assert!(!may_probe(&mut last, start + Duration::from_millis(ms)));
+        }
+        assert!(may_probe(&mut last, start + RESCAN_PROBE_EVERY));
+        assert!(!may_probe(
+            &mut last,
+            start + RESCAN_PROBE_EVERY + Duration::from_secs(1)
+        ));
     }
 }
