@@ -363,3 +363,26 @@ fn pod_dmem_max(root: &Path) -> std::path::PathBuf {
             "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/dmem.max"
         ))
 }
+
+/// `amd-gpud inspect` on a host whose sysfs read never returns ends with an
+/// error at its deadline instead of hanging (no root needed).
+#[test]
+fn inspect_gives_up_on_a_sysfs_read_that_never_returns() {
+    let root = common::build_fixture("mi300x-8-spx");
+    let file = root.path().join(LAST_NODE);
+    std::fs::remove_file(&file).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &file,
+        FileType::Fifo,
+        Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let mut cmd = std::process::Command::new(common::fake_node_exe());
+    cmd.args(["gpud", "inspect", "--amdsmi", "none", "--host-root"])
+        .arg(root.path());
+    let (code, _, stderr) = common::run_with_timeout(cmd, Duration::from_secs(60));
+    assert_ne!(code, 0, "{stderr}");
+    assert!(stderr.contains("did not finish within"), "{stderr}");
+}
