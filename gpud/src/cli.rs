@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::{
     amdsmi::{self, AmdSmiConfig, LibrarySource},
     dbus::BusTarget,
+    deadline,
     dmem::{self, DmemConfig, Driver},
     health::{HealthConfig, Params},
     hostpaths::HostPaths,
@@ -479,19 +480,31 @@ pub fn load_inventory(
     inventory_with(&host.host_paths(), &host.amdsmi_config(helper))
 }
 
-/// Reads the inventory under `paths`, with AMD SMI as `config` says.
+/// Reads the inventory under `paths`, with AMD SMI as `config` says, within
+/// [`deadline::SYSFS_READ`] plus the probe's timeout.
 ///
 /// # Errors
-/// When the KFD topology cannot be read.
+/// When the KFD topology cannot be read, or the read misses its deadline.
 pub fn inventory_with(
     paths: &HostPaths,
     config: &AmdSmiConfig,
 ) -> anyhow::Result<inventory::Inventory> {
-    let (report, summary) = inventory::probe_amdsmi(config);
-    let mut inventory = inventory::discover(paths, report.as_ref())
-        .with_context(|| format!("reading the GPU inventory under {}", paths.sys.display()))?;
-    inventory.amdsmi = summary;
-    Ok(inventory)
+    let (paths, config) = (paths.clone(), config.clone());
+    let probe = match config.library {
+        LibrarySource::Disabled => Duration::ZERO,
+        _ => config.timeout,
+    };
+    let limit = deadline::SYSFS_READ + probe;
+    let context = format!("reading the GPU inventory under {}", paths.sys.display());
+    let read = deadline::within("the read of the host tree", limit, move || {
+        let (report, summary) = inventory::probe_amdsmi(&config);
+        let inventory = inventory::discover(&paths, report.as_ref());
+        inventory.map(|i| inventory::Inventory {
+            amdsmi: summary,
+            ..i
+        })
+    });
+    read.context(context.clone())?.context(context)
 }
 
 fn current_exe_helper() -> Vec<OsString> {

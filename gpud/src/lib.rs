@@ -8,6 +8,7 @@ pub mod amdsmi;
 pub mod cdi;
 pub mod cli;
 pub mod dbus;
+pub mod deadline;
 pub mod dmem;
 pub mod drm;
 pub mod gfx;

@@ -19,6 +19,7 @@ use crate::{
 )]
 pub trait Node {
     /// Reads the inventory again now; returns the inventory generation after it.
+    /// Root only; AMD SMI is probed again at most once per 10 s of calls.
     fn rescan(&self) -> Result<u64, ApiError>;
 
     /// Caps the VRAM of pod `pod_uid` (a lowercase UUID, or 32 hex digits for
@@ -27,8 +28,8 @@ pub trait Node {
     /// back. Call it at PreStartContainer (the pod cgroup exists then; it does
     /// not at Allocate). Idempotent. Returns the pod's cgroup path.
     ///
-    /// Errors: `InvalidArgument` (UID, unknown GPU, more than the GPU's VRAM
-    /// region), `NotFound` (no cgroup for the pod), `NotSupported` (the dmem
+    /// Errors: `InvalidArgument` (UID, unknown GPU, less than 1 MiB or more
+    /// than the GPU's VRAM region), `NotFound` (no cgroup for the pod), `NotSupported` (the dmem
     /// backend is off; the message says why), `Failed` (the kernel refused or
     /// did not apply the limit), `AccessDenied`.
     fn set_pod_vram_limits(
@@ -60,7 +61,7 @@ pub trait Node {
     /// `amdgpu-kfd-<id>.img`, the GPUs the restored container will see
     /// (gpu_id, `renderD<minor>` or PCI address; empty: all), the
     /// `KFD_*_CHECK` variables CRIU will run with, and the mode (`explain` or
-    /// `criu`). Returns the verdict as JSON.
+    /// `criu`). Returns the verdict as JSON. Root only.
     fn restore_check(
         &self,
         image: &[u8],

@@ -4,6 +4,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
+    time::Instant,
 };
 
 use ipc::ApiError;
@@ -44,12 +45,22 @@ impl NodeObject {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&service)
     }
+
+    fn with_mut<T>(&self, f: impl FnOnce(&mut Service) -> T) -> T {
+        let mut service = self
+            .service
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut service)
+    }
 }
 
 #[interface(name = "io.hami.AmdGpu1.Node")]
 impl NodeObject {
-    /// Reads the inventory again now (AMD SMI included) and publishes what
-    /// changed; returns the inventory generation after it.
+    /// Reads the inventory again now and publishes what changed; returns the
+    /// inventory generation after it. AMD SMI is probed again at most once
+    /// per 10 s of calls (a call within that reads sysfs only). Root only
+    /// (the plugin never rescans).
     async fn rescan(
         &self,
         #[zbus(header)] header: Header<'_>,
@@ -63,11 +74,10 @@ impl NodeObject {
             caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
         );
         async {
-            let uid = uid?;
-            tracing::info!("rescan requested");
-            let allowed = self.with(|s| s.config().allowed_uids.clone());
-            auth::check(uid, &allowed, "Rescan").inspect_err(|e| tracing::warn!("{e}"))?;
-            publish::rescan(conn, &self.service, true)
+            auth::check_root(uid?, "Rescan").inspect_err(|e| tracing::warn!("{e}"))?;
+            let reprobe = self.with_mut(|s| s.rescan_may_probe(Instant::now()));
+            tracing::info!(reprobe, "rescan requested");
+            publish::rescan(conn, &self.service, reprobe)
                 .await
                 .map_err(|e| ApiError::Failed(format!("{e:#}")))
         }
@@ -80,10 +90,11 @@ impl NodeObject {
     /// `dmem.max` of the pod's cgroup (any QoS class) and reads it back.
     /// `pod_uid` is the pod's UID (a lowercase UUID, or 32 hex digits for a
     /// static pod). Idempotent. Returns the pod's cgroup path. Errors:
-    /// InvalidArgument (UID, unknown GPU, value above the VRAM region, a
-    /// symlink in the cgroup tree), NotFound (no pod cgroup), NotSupported
-    /// (backend off, with the reason), Failed (the kernel refused or did not
-    /// apply a write), AccessDenied (not root or the plugin).
+    /// InvalidArgument (UID, unknown GPU, value below 1 MiB or above the VRAM
+    /// region, a symlink in the cgroup tree), NotFound (no pod cgroup),
+    /// NotSupported (backend off, with the reason), Failed (the kernel refused
+    /// or did not apply a write), AccessDenied (not root or the plugin).
+    /// Error texts to the plugin are short and name no host path.
     #[zbus(out_args("cgroup"))]
     async fn set_pod_vram_limits(
         &self,
@@ -102,14 +113,15 @@ impl NodeObject {
             gpus = limits.len(),
         );
         async {
-            auth::check(uid?, &self.allowed_uids, "SetPodVramLimits")
+            let uid = uid?;
+            auth::check(uid, &self.allowed_uids, "SetPodVramLimits")
                 .inspect_err(|e| tracing::warn!("{e}"))?;
             let before = self.dmem.status();
             let result = vram::set_pod_limits(self.dmem.clone(), pod_uid, limits).await;
             if self.dmem.status() != before {
                 self.announce_dmem(&emitter).await;
             }
-            result
+            result.map_err(|e| auth::for_caller(uid, e))
         }
         .instrument(span)
         .await
@@ -142,9 +154,13 @@ impl NodeObject {
             allocations_exist,
         );
         async {
-            auth::check(uid?, &self.allowed_uids, "SetComputePartition")
+            let uid = uid?;
+            auth::check(uid, &self.allowed_uids, "SetComputePartition")
                 .inspect_err(|e| tracing::warn!("{e}"))?;
-            switch::set_compute_partition(conn, &self.service, &gpu, &mode, allocations_exist).await
+            switch::set_compute_partition(conn, &self.service, &gpu, &mode, allocations_exist)
+                .await
+                .inspect_err(|e| tracing::warn!("SetComputePartition failed: {e}"))
+                .map_err(|e| auth::for_caller(uid, e))
         }
         .instrument(span)
         .await
@@ -159,7 +175,7 @@ impl NodeObject {
     /// environment. `mode`: "explain" (default when empty) or "criu".
     /// Returns the verdict as JSON, as `amd-gpud restore-check --json`
     /// prints it. InvalidArgument for an unreadable image, an unknown
-    /// option, mode or GPU.
+    /// option, mode or GPU. Root only (the plugin never calls it).
     async fn restore_check(
         &self,
         #[zbus(header)] header: Header<'_>,
@@ -177,10 +193,8 @@ impl NodeObject {
             image_bytes = image.len(),
         );
         async {
-            let uid = uid?;
-            let (allowed, paths) =
-                self.with(|s| (s.config().allowed_uids.clone(), s.config().paths.clone()));
-            auth::check(uid, &allowed, "RestoreCheck").inspect_err(|e| tracing::warn!("{e}"))?;
+            auth::check_root(uid?, "RestoreCheck").inspect_err(|e| tracing::warn!("{e}"))?;
+            let paths = self.with(|s| s.config().paths.clone());
             let request = restore_request(gpus, &options, &mode)?;
             let verdict = tokio::task::spawn_blocking(move || {
                 let image = restore_check::image::parse(&image, "image")

@@ -2,6 +2,8 @@
 
 use std::{borrow::Cow, collections::HashMap};
 
+use tokio::sync::oneshot::error::TryRecvError;
+
 use ipc::{GPU_INTERFACE, NODE_INTERFACE, PARTITION_INTERFACE, gpu_path, partition_path};
 use zbus::{
     Connection,
@@ -16,15 +18,21 @@ use super::{
     objects::{GpuObject, PartitionObject},
     views::{GpuView, PartitionView, changed, gpu_view, partition_view},
 };
-use crate::service::{ObjectKey, Update};
+use crate::{
+    deadline::{self, Overdue},
+    service::{ObjectKey, Scanned, Update},
+    topology::TopologyError,
+};
 
 /// Why a rescan could not be published.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error("reading the inventory: {0}")]
-    Inventory(#[from] crate::topology::TopologyError),
+    Inventory(#[from] TopologyError),
     #[error("the rescan task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Overdue(#[from] Overdue),
     #[error("publishing on the bus: {0}")]
     Bus(#[from] zbus::Error),
 }
@@ -42,43 +50,76 @@ fn path(key: ObjectKey) -> OwnedObjectPath {
     }
 }
 
-/// Reads the inventory again (off the executor) and publishes the change.
-/// Returns the inventory generation after it.
+/// The read of the host that missed its deadline and is still blocked, if
+/// any. Also one read at a time: the rescan loop, `Rescan` calls and a
+/// partition switch each rescan, and the folds must not interleave.
+static SCANNING: tokio::sync::Mutex<Option<Pending>> = tokio::sync::Mutex::const_new(None);
+
+type Pending = tokio::sync::oneshot::Receiver<Result<Scanned, TopologyError>>;
+
+/// Reads the inventory again (on a thread of its own, without the service
+/// lock, within [`crate::service::ScanPlan::deadline`]) and publishes the
+/// change. Returns the inventory generation after it.
 ///
 /// # Errors
-/// When the topology cannot be read or the bus refuses the update.
+/// When the topology cannot be read, the read misses its deadline (or an
+/// earlier one is still blocked), or the bus refuses the update.
 pub async fn rescan(
     conn: &Connection,
     shared: &Shared,
     reprobe: bool,
 ) -> Result<u64, PublishError> {
-    let service = shared.clone();
-    let (update, meta_changed) = tokio::task::spawn_blocking(move || {
-        let mut service = service
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+    const WHAT: &str = "the read of the host tree";
+    let mut pending = SCANNING.lock().await;
+    if let Some(mut stuck) = pending.take() {
+        if matches!(stuck.try_recv(), Err(TryRecvError::Empty)) {
+            *pending = Some(stuck);
+            return Err(Overdue::StillBlocked { what: WHAT }.into());
+        }
+        tracing::info!("the read that missed its deadline has returned");
+    }
+    let plan = lock(shared).plan_scan(reprobe);
+    let limit = plan.deadline();
+    let mut read = deadline::spawn(WHAT, move || plan.run())?;
+    let scanned = match tokio::time::timeout(limit, &mut read).await {
+        Ok(Ok(scanned)) => scanned?,
+        Ok(Err(_)) => return Err(Overdue::Died { what: WHAT }.into()),
+        Err(_) => {
+            *pending = Some(read);
+            return Err(Overdue::Late { what: WHAT, limit }.into());
+        }
+    };
+    let (update, meta_changed) = {
+        let mut service = lock(shared);
         let before = service.meta().clone();
-        let update = service.rescan(reprobe)?;
-        Ok::<_, crate::topology::TopologyError>((update, before != *service.meta()))
-    })
-    .await??;
+        let update = service.fold_scan(scanned);
+        (update, before != *service.meta())
+    };
     publish(conn, shared, &update, meta_changed).await?;
+    drop(pending);
     write_cdi(shared);
     Ok(generation(shared))
+}
+
+fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, crate::service::Service> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Refreshes the CDI spec (when enabled) from the published inventory;
 /// a failure is logged, not fatal: the plugin can still hand out device nodes.
 fn write_cdi(shared: &Shared) {
-    let service = shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !service.config().cdi {
-        return;
-    }
-    let paths = &service.config().paths;
-    let spec = crate::cdi::spec(paths, service.registry().gpus());
-    match crate::cdi::write(paths, &spec) {
+    let (paths, spec) = {
+        let service = lock(shared);
+        if !service.config().cdi {
+            return;
+        }
+        let paths = service.config().paths.clone();
+        let spec = crate::cdi::spec(&paths, service.registry().gpus());
+        (paths, spec)
+    };
+    match crate::cdi::write(&paths, &spec) {
         Ok(true) => tracing::info!(dir = %paths.cdi.display(), "CDI spec written"),
         Ok(false) => {}
         Err(err) => tracing::warn!("{err}"),

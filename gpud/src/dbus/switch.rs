@@ -59,7 +59,7 @@ pub async fn set_compute_partition(
         (found, service.config().paths.clone())
     };
     let found = found.ok_or_else(|| ApiError::NotFound(format!("no GPU at {bdf}")))?;
-    let xccs: u32 = found.partitions.iter().map(|p| p.num_xcc).sum();
+    let xccs = found.total_xccs();
     let switched = tokio::task::spawn_blocking(move || {
         partition::switch(&paths, &found, mode, allocations_exist)
     })

@@ -23,16 +23,30 @@ pub fn api_error(err: &DmemError) -> ApiError {
     }
 }
 
+/// The smallest VRAM cap a caller may set: HAMi grants VRAM in MiB, and a
+/// cap below that (0 above all) would leave the pod's containers no VRAM
+/// at all, a denial of service rather than a limit. Caps above a GPU's
+/// region are refused by [`Dmem::set_pod_limits`].
+pub const MIN_CAP: u64 = 1 << 20;
+
 /// Sets the limits off the executor; returns the pod's cgroup path in the
 /// hierarchy (`/kubepods.slice/...`).
 ///
 /// # Errors
-/// The mapped [`DmemError`], or `Failed` when the blocking task dies.
+/// `InvalidArgument` for a cap below [`MIN_CAP`]; the mapped
+/// [`DmemError`], or `Failed` when the blocking task dies.
 pub async fn set_pod_limits(
     dmem: Arc<Dmem>,
     pod_uid: String,
     limits: HashMap<String, u64>,
 ) -> Result<String, ApiError> {
+    if let Some((gpu, bytes)) = limits.iter().find(|(_, bytes)| **bytes < MIN_CAP) {
+        let gpu: String = gpu.chars().take(32).collect();
+        tracing::warn!(gpu, bytes, "SetPodVramLimits refused: a cap below 1 MiB");
+        return Err(ApiError::InvalidArgument(format!(
+            "{bytes} bytes for {gpu:?}: a VRAM cap must be at least {MIN_CAP} bytes (1 MiB)"
+        )));
+    }
     let limits: BTreeMap<String, u64> = limits.into_iter().collect();
     // The caller's span (method, caller UID) goes with the work to the blocking thread.
     let span = tracing::Span::current();

@@ -164,6 +164,10 @@ pub struct Dmem {
     config: DmemConfig,
     files: Box<dyn ControlFiles>,
     state: Mutex<State>,
+    /// A copy of `state.status`, under a lock of its own that is never held
+    /// across I/O: the D-Bus properties read it while a detection (which
+    /// holds `state`) may be blocked on the cgroup tree.
+    shown: Mutex<Status>,
 }
 
 impl std::fmt::Debug for Dmem {
@@ -191,6 +195,7 @@ impl Dmem {
                 mount: None,
                 status: Status::default(),
             }),
+            shown: Mutex::new(Status::default()),
         };
         dmem.refresh();
         dmem
@@ -202,7 +207,10 @@ impl Dmem {
 
     /// What the last detection found.
     pub fn status(&self) -> Status {
-        self.lock().status.clone()
+        self.shown
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// With `--dmem-backend on`, the reason the backend is off, as an error.
@@ -233,7 +241,8 @@ impl Dmem {
         if status != state.status {
             info!(backend = %status.backend(), regions = status.regions.len(), "dmem backend");
         }
-        state.status = status;
+        state.status = status.clone();
+        *self.shown.lock().unwrap_or_else(PoisonError::into_inner) = status;
         result
     }
 

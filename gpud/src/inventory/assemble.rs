@@ -16,12 +16,21 @@ use crate::{
     topology::{KfdNode, Topology},
 };
 
+/// Most XCCs a KFD node may report (an MI300X has 8 per GPU).
+const MAX_XCC: u64 = 64;
+/// Most compute units a KFD node may report (an MI300X has 304 per GPU).
+const MAX_CUS: u64 = 4096;
+/// Most VRAM a KFD node may report: 1 PiB. With these bounds no sum over a
+/// GPU's partitions (at most 8: the PCI function bits) can overflow.
+const MAX_VRAM: u64 = 1 << 50;
+
 /// A GPU node that could be described.
 struct GpuNode<'a> {
     node: &'a KfdNode,
     address: PciAddress,
     unique_id: u64,
     compute_units: u32,
+    num_xcc: u32,
     vram_bytes: u64,
 }
 
@@ -81,7 +90,7 @@ fn warn_missing_partitions(gpus: &[Gpu], warnings: &mut Vec<String>) {
         .iter()
         .map(|g| {
             let mode = g.compute_partition.as_deref();
-            let xccs = g.partitions.iter().map(|p| p.num_xcc).sum();
+            let xccs = g.total_xccs();
             let most = mode.map_or(0, |m| {
                 crate::partition::expected_partitions(&m.to_ascii_uppercase(), xccs)
             });
@@ -137,32 +146,53 @@ fn describe(node: &KfdNode) -> Result<GpuNode<'_>, String> {
             p.get_or_zero("domain")
         )
     })?;
+    let file = node.path.join("properties");
+    let file = file.display();
     let simd_count = p.get_or_zero("simd_count");
     let simd_per_cu = p.get_or_zero("simd_per_cu");
     if simd_per_cu == 0 {
         return Err(format!(
-            "simd_per_cu is missing or 0 (simd_count {simd_count})"
+            "simd_per_cu is missing or 0 (simd_count {simd_count}) in {file}"
         ));
     }
-    let compute_units = u32::try_from(simd_count / simd_per_cu)
-        .map_err(|_| format!("simd_count {simd_count} is out of range"))?;
-    let banks: u64 = node
+    if simd_count == 0 {
+        return Err(format!(
+            "{file}: simd_count 0 (a GPU without compute units)"
+        ));
+    }
+    let compute_units = simd_count / simd_per_cu;
+    let compute_units = u32::try_from(compute_units)
+        .ok()
+        .filter(|cus| u64::from(*cus) <= MAX_CUS)
+        .ok_or_else(|| format!("{file}: simd_count {simd_count} is out of range"))?;
+    let num_xcc = p.get("num_xcc").unwrap_or(1);
+    let num_xcc = u32::try_from(num_xcc)
+        .ok()
+        .filter(|n| (1..=MAX_XCC).contains(&u64::from(*n)))
+        .ok_or_else(|| format!("{file}: num_xcc {num_xcc} is out of range 1..={MAX_XCC}"))?;
+    let banks = node
         .mem_banks
         .iter()
         .filter(|b| b.is_vram())
-        .map(|b| b.size_in_bytes)
-        .sum();
+        .try_fold(0_u64, |sum, b| sum.checked_add(b.size_in_bytes));
     // Old kernels have no frame-buffer bank but fill local_mem_size; modern ones print 0 there.
-    let vram_bytes = if banks > 0 {
-        banks
-    } else {
-        p.get_or_zero("local_mem_size")
+    let vram_bytes = match banks {
+        Some(0) => p.get_or_zero("local_mem_size"),
+        Some(bytes) => bytes,
+        None => u64::MAX,
     };
+    if vram_bytes > MAX_VRAM {
+        return Err(format!(
+            "its VRAM ({}/mem_banks, local_mem_size) is out of range: {vram_bytes} bytes or more",
+            node.path.display()
+        ));
+    }
     Ok(GpuNode {
         node,
         address,
         unique_id: p.get_or_zero("unique_id"),
         compute_units,
+        num_xcc,
         vram_bytes,
     })
 }
@@ -194,6 +224,7 @@ fn build_gpu(
         fallback
     });
     let partitions = partitions(&group, partitioned, bdf, paths, warnings);
+    // Bounded per node (MAX_VRAM, MAX_CUS), so these sums cannot overflow.
     let kfd_vram: u64 = group.iter().map(|n| n.vram_bytes).sum();
     let unique_id = first.unique_id;
     let gpu = Gpu {
@@ -253,8 +284,9 @@ fn partitions(
             ));
             continue;
         }
-        let p = &n.node.properties;
-        let render_minor = p
+        let render_minor = n
+            .node
+            .properties
             .get("drm_render_minor")
             .and_then(|m| u32::try_from(m).ok());
         let render = render_minor.and_then(|m| drm::read_render_node(paths, m));
@@ -266,7 +298,7 @@ fn partitions(
             card_minor: render.as_ref().and_then(|r| r.card_minor),
             bdf: n.address,
             compute_units: n.compute_units,
-            num_xcc: u32::try_from(p.get("num_xcc").unwrap_or(1)).unwrap_or(1),
+            num_xcc: n.num_xcc,
             vram_bytes: n.vram_bytes,
             xcp: render.and_then(|r| match r.parent {
                 RenderParent::Xcp(k) => Some(k),

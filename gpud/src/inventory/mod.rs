@@ -154,6 +154,17 @@ impl AmdSmiSummary {
     }
 }
 
+impl Gpu {
+    /// The XCCs of all its partitions; `u32::MAX` rather than a wrapped sum
+    /// (each partition's count is bounded when read, so it never comes to that).
+    pub fn total_xccs(&self) -> u32 {
+        self.partitions
+            .iter()
+            .try_fold(0_u32, |sum, p| sum.checked_add(p.num_xcc))
+            .unwrap_or(u32::MAX)
+    }
+}
+
 impl Inventory {
     /// Finds a GPU by PCI address.
     pub fn gpu(&self, bdf: PciAddress) -> Option<&Gpu> {

@@ -143,3 +143,71 @@ fn a_missing_topology_is_an_error_naming_the_path() {
     assert!(text.contains("sys/class/kfd/kfd/topology/nodes"), "{text}");
     assert!(text.contains("amdgpu driver"), "{text}");
 }
+
+/// Values a kernel (or a hostile host tree) can print that overflow
+/// arithmetic: each is refused with a warning naming the file, and nothing
+/// panics or wraps (issue 19).
+#[test]
+fn values_that_overflow_are_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    node_tree(root);
+    // Partitions of one GPU (functions 0 to 7 of 0000:04:00) with num_xcc
+    // u32::MAX: their sum overflowed in inspect (a panic in a debug build).
+    for f in 0..8_u32 {
+        let node = 2 + f;
+        let location = (4 << 8) | f;
+        let props = GPU
+            .replace("location_id 768", &format!("location_id {location}"))
+            .replace("num_xcc 1", "num_xcc 4294967295");
+        write(root, &format!("nodes/{node}/properties"), &props);
+        write(
+            root,
+            &format!("nodes/{node}/gpu_id"),
+            &format!("{}\n", 100 + f),
+        );
+    }
+    // VRAM banks whose sizes overflow u64 together.
+    write(
+        root,
+        "nodes/1/mem_banks/1/properties",
+        "heap_type 1\nsize_in_bytes 18446744073709551615\n",
+    );
+    let inv = discover(&HostPaths::under(root), None).unwrap();
+    let text = inv.warnings.join("\n");
+    assert!(
+        text.contains("nodes/2/properties") && text.contains("num_xcc 4294967295"),
+        "{text}"
+    );
+    assert!(text.contains("nodes/1/mem_banks"), "{text}");
+    for gpu in &inv.gpus {
+        let xccs = gpu
+            .partitions
+            .iter()
+            .try_fold(0_u32, |a, p| a.checked_add(p.num_xcc));
+        assert!(xccs.is_some_and(|x| x <= 64), "{gpu:?}");
+    }
+}
+
+/// A KFD node with a gpu_id but `simd_count 0` is no GPU to publish, and
+/// the warning says which file made it so.
+#[test]
+fn a_gpu_node_without_simds_is_dropped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    node_tree(root);
+    write(
+        root,
+        "nodes/2/properties",
+        &GPU.replace("768", "1024")
+            .replace("simd_count 416", "simd_count 0"),
+    );
+    write(root, "nodes/2/gpu_id", "222\n");
+    let inv = discover(&HostPaths::under(root), None).unwrap();
+    assert_eq!(inv.gpus.len(), 1, "{:?}", inv.gpus);
+    let text = inv.warnings.join("\n");
+    assert!(
+        text.contains("nodes/2/properties") && text.contains("simd_count 0"),
+        "{text}"
+    );
+}

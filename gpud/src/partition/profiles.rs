@@ -24,7 +24,7 @@ pub fn profiles(gpu: &Gpu) -> Vec<PartitionProfile> {
             })
             .collect();
     }
-    let xccs: u32 = gpu.partitions.iter().map(|p| p.num_xcc).sum();
+    let xccs = gpu.total_xccs();
     let memory: Vec<String> = gpu.memory_partition.iter().cloned().collect();
     let offered = |mode: &str| {
         gpu.available_compute_partitions

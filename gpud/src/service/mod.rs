@@ -11,11 +11,13 @@
 
 mod health;
 pub mod registry;
+mod scan;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 pub use health::Shown;
 pub use registry::{ObjectKey, Presence, Registry, Update};
+pub use scan::{RESCAN_PROBE_EVERY, ScanPlan, Scanned};
 use tracing::info;
 
 use crate::{
@@ -23,7 +25,7 @@ use crate::{
     dmem::{self, Dmem, DmemConfig},
     health::{HealthConfig, Monitor},
     hostpaths::HostPaths,
-    inventory::{self, AmdSmiSummary, Inventory},
+    inventory::{AmdSmiSummary, Inventory},
     topology::TopologyError,
 };
 
@@ -61,6 +63,8 @@ pub struct Service {
     amdsmi: Option<AmdSmiReport>,
     dmem: Arc<Dmem>,
     health: Monitor<ObjectKey>,
+    /// When a `Rescan` call last probed AMD SMI.
+    requested_probe: Option<Instant>,
 }
 
 impl Service {
@@ -79,6 +83,7 @@ impl Service {
             meta,
             amdsmi: None,
             dmem,
+            requested_probe: None,
         }
     }
 
@@ -106,36 +111,15 @@ impl Service {
     }
 
     /// Reads the inventory again (blocking I/O: call it off the async
-    /// executor) and folds it into the registry. `reprobe` forces a new AMD
-    /// SMI probe.
+    /// executor, and not under a lock D-Bus answers need: see
+    /// [`Service::plan_scan`]) and folds it into the registry. `reprobe`
+    /// forces a new AMD SMI probe.
     ///
     /// # Errors
     /// When the KFD topology cannot be read at all; the registry is unchanged.
     pub fn rescan(&mut self, reprobe: bool) -> Result<Update, TopologyError> {
-        self.dmem.refresh();
-        self.meta.dmem = self.dmem.status();
-        let first = self.meta.amdsmi.state.is_empty();
-        if reprobe || first || self.amdsmi_fatal() {
-            self.probe();
-        }
-        let mut inventory = inventory::discover(&self.config.paths, self.amdsmi.as_ref())?;
-        let moved = !first && inventory.generation_id != self.meta.kfd_generation;
-        if moved && !reprobe {
-            info!(
-                before = ?self.meta.kfd_generation,
-                after = ?inventory.generation_id,
-                "KFD topology generation moved; probing AMD SMI again"
-            );
-            self.probe();
-            inventory = inventory::discover(&self.config.paths, self.amdsmi.as_ref())?;
-        }
-        Ok(self.fold(inventory))
-    }
-
-    fn probe(&mut self) {
-        let (report, summary) = inventory::probe_amdsmi(&self.config.amdsmi);
-        self.amdsmi = report;
-        self.meta.amdsmi = summary;
+        let scanned = self.plan_scan(reprobe).run()?;
+        Ok(self.fold_scan(scanned))
     }
 
     fn fold(&mut self, inventory: Inventory) -> Update {

@@ -80,6 +80,50 @@ fn only_root_may_own_the_name() {
     assert!(root.success() && root.stdout.trim() == "u 1", "{root:?}");
 }
 
+/// Issue 19: the plugin gets no Rescan (an AMD SMI probe each), no
+/// RestoreCheck, and none of the standard calls it never makes.
+fn plugin_is_refused_what_it_never_calls(bus: &PrivateBus) {
+    let node = |member: &'static str| {
+        [
+            "call",
+            BUS_NAME,
+            "/io/hami/AmdGpu1",
+            "io.hami.AmdGpu1.Node",
+            member,
+        ]
+    };
+    let set = [
+        "call",
+        BUS_NAME,
+        "/io/hami/AmdGpu1",
+        "org.freedesktop.DBus.Properties",
+        "Set",
+    ];
+    let managed = [
+        "call",
+        BUS_NAME,
+        "/io/hami/AmdGpu1",
+        "org.freedesktop.DBus.ObjectManager",
+        "GetManagedObjects",
+    ];
+    let introspect = ["introspect", BUS_NAME, "/io/hami/AmdGpu1"];
+    let unlisted = ["call", BUS_NAME, "/", "io.hami.AmdGpu1.Debug", "Dump"];
+    for args in [
+        &node("Rescan")[..],
+        &node("RestoreCheck")[..],
+        PING,
+        &set[..],
+        &managed[..],
+        &introspect[..],
+        &unlisted[..],
+    ] {
+        assert_denied(
+            &busctl(bus, PLUGIN_UID, args).unwrap(),
+            &format!("plugin {args:?}"),
+        );
+    }
+}
+
 #[test]
 fn shipped_policy_lets_root_and_plugin_call_and_refuses_others() {
     if !root_or_skip("shipped_policy_lets_root_and_plugin_call_and_refuses_others") {
@@ -87,25 +131,38 @@ fn shipped_policy_lets_root_and_plugin_call_and_refuses_others() {
     }
     let bus = start(Policy::Shipped);
     let holder = NameHolder::acquire(&bus, BUS_NAME).unwrap();
-    for uid in [0, PLUGIN_UID] {
-        let out = busctl(&bus, uid, PING).unwrap();
-        assert!(out.success(), "Ping as {uid}: {out:?}");
-    }
-    let node = [
+    let node = |member: &'static str| {
+        [
+            "call",
+            BUS_NAME,
+            "/io/hami/AmdGpu1",
+            "io.hami.AmdGpu1.Node",
+            member,
+        ]
+    };
+    let get_all = [
         "call",
         BUS_NAME,
-        "/io/hami/AmdGpu1",
-        "io.hami.AmdGpu1.Node",
-        "Rescan",
+        "/io/hami/AmdGpu1/gpu/0000_05_00_0",
+        "org.freedesktop.DBus.Properties",
+        "GetAll",
+        "s",
+        "io.hami.AmdGpu1.Gpu",
     ];
-    assert!(busctl(&bus, PLUGIN_UID, &node).unwrap().success());
-    let unlisted = ["call", BUS_NAME, "/", "io.hami.AmdGpu1.Debug", "Dump"];
-    assert_denied(
-        &busctl(&bus, PLUGIN_UID, &unlisted).unwrap(),
-        "plugin, unlisted iface",
-    );
-    assert_denied(&busctl(&bus, OTHER_UID, PING).unwrap(), "Ping as OTHER_UID");
+    // Root may call anything; the plugin exactly the calls it makes.
+    assert!(busctl(&bus, 0, PING).unwrap().success());
+    assert!(busctl(&bus, 0, &node("Rescan")).unwrap().success());
+    for args in [
+        &node("SetPodVramLimits")[..],
+        &node("SetComputePartition")[..],
+        &get_all[..],
+    ] {
+        let out = busctl(&bus, PLUGIN_UID, args).unwrap();
+        assert!(out.success(), "{args:?} as the plugin: {out:?}");
+    }
+    plugin_is_refused_what_it_never_calls(&bus);
     let introspect = ["introspect", BUS_NAME, "/io/hami/AmdGpu1"];
+    assert_denied(&busctl(&bus, OTHER_UID, PING).unwrap(), "Ping as OTHER_UID");
     assert_denied(
         &busctl(&bus, OTHER_UID, &introspect).unwrap(),
         "introspect as OTHER",
@@ -115,12 +172,18 @@ fn shipped_policy_lets_root_and_plugin_call_and_refuses_others() {
         .into_iter()
         .map(|c| (c.interface, c.member))
         .collect();
-    let peer = (
-        Some("org.freedesktop.DBus.Peer".to_owned()),
-        "Ping".to_owned(),
+    let call = |iface: &str, member: &str| (Some(iface.to_owned()), member.to_owned());
+    let node_iface = "io.hami.AmdGpu1.Node";
+    assert_eq!(
+        seen,
+        [
+            call("org.freedesktop.DBus.Peer", "Ping"),
+            call(node_iface, "Rescan"),
+            call(node_iface, "SetPodVramLimits"),
+            call(node_iface, "SetComputePartition"),
+            call("org.freedesktop.DBus.Properties", "GetAll"),
+        ]
     );
-    let rescan = (Some("io.hami.AmdGpu1.Node".to_owned()), "Rescan".to_owned());
-    assert_eq!(seen, [peer.clone(), peer, rescan]);
 }
 
 #[test]
