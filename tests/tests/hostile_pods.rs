@@ -178,3 +178,50 @@ async fn forged_own_record() {
     let attacked = assert_survived(&w, cg.as_ref(), "forged own record");
     eprintln!("memory: idle {idle} KiB, attacked {attacked} KiB");
 }
+
+#[test]
+fn edits_of_a_recorded_claim_are_reported_in_bounded_memory() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(240), edited_again_and_again());
+}
+
+/// Distinct values of a pod's annotation written again and again (each seen
+/// by an Allocate): what the plugin remembers of them must not grow.
+async fn edited_again_and_again() {
+    const EDITS: usize = 200;
+    let w = world().await;
+    let cg = contain(&w);
+    let g = &w.gpus[2];
+    schedule(&w.api, "editor", &[(g, 1024, 76)], 900);
+    assert_eq!(allocate(&w, g, 0).await.unwrap(), "0:0-75");
+    assert!(released(&w.api).await);
+    let pid = w.plugin.0.id();
+    let before = assert_survived(&w, cg.as_ref(), "before the edits");
+    let rss_before = status_kib(pid, "VmRSS");
+    // The largest values the API server stores (256 KiB of annotations).
+    let filler = "9".repeat(250 * 1024);
+    for i in 0..EDITS {
+        let mut pod = w.api.get(Kind::Pod, "default", "editor").unwrap();
+        pod["metadata"]["annotations"][CUS] = json!(format!("{i}{filler}"));
+        w.api.put_pod(pod);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // No pod is being bound: the Allocate fails, after judging the view.
+        let slot = format!("{}#1", g.id);
+        assert!(w.kubelet.allocate(vec![slot]).await.is_err());
+    }
+    let note = warning(&w.api, "editor", "UntrustedCuClaim").await;
+    assert!(note.contains(CUS) && note.contains("edited"), "{note}");
+    let after = assert_survived(&w, cg.as_ref(), "after the edits");
+    let rss_after = status_kib(pid, "VmRSS");
+    eprintln!(
+        "memory: {EDITS} edits of 250 KiB: VmHWM {before} -> {after} KiB, \
+         VmRSS {rss_before} -> {rss_after} KiB"
+    );
+    // Each value kept would be 250 KiB: 50 MiB for all of them.
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "the plugin keeps what users wrote: VmRSS {rss_before} -> {rss_after} KiB"
+    );
+}
