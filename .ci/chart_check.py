@@ -421,7 +421,9 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
 
     # The objects.
     vap = values["validatingAdmissionPolicy"]["enabled"]
+    netpol = values["networkPolicy"]["enabled"]
     want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1,
+            "NetworkPolicy": 1 if netpol else 0,
             "ValidatingAdmissionPolicy": 3 if vap else 0,
             "ValidatingAdmissionPolicyBinding": 3 if vap else 0}
     have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
@@ -474,6 +476,18 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
               == sorted(p["metadata"]["name"] for p in every_policy)
               and all(b["spec"]["validationActions"] == ["Deny"] for b in bindings),
               "each policy has a binding with validationActions [Deny]")
+
+    # The NetworkPolicy, when on: ingress to the plugin's pods only on the
+    # metrics port, only from networkPolicy.metricsFrom (none when empty).
+    if netpol:
+        policy = one(objects, "NetworkPolicy")["spec"]
+        sources = values["networkPolicy"]["metricsFrom"]
+        port = values["dp"]["metrics"]["port"]
+        want_ingress = ([{"from": sources, "ports": [{"protocol": "TCP", "port": port}]}]
+                        if sources else [])
+        check(policy["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
+              and policy["policyTypes"] == ["Ingress"] and policy["ingress"] == want_ingress,
+              "NetworkPolicy admits only metricsFrom, only to the metrics port", str(policy))
 
     # The plugin's environment.
     container = spec["containers"][0]
@@ -560,6 +574,8 @@ BAD_VALUES = [
     {"kubeletRootDir": "/var/lib/../kubelet"},
     {"dbusSocketDir": "/run/dbus/"},
     {"validatingAdmissionPolicy": {"enabled": True, "mode": "warn"}},
+    {"networkPolicy": {"enabled": True, "metricsFrom": [{"anyone": {}}]}},
+    {"networkPolicy": {"enabled": "yes", "metricsFrom": []}},
     {"securityContext": {"privileged": True}},
 ]
 

@@ -140,8 +140,11 @@ pub struct Cli {
     pub log: String,
 }
 
-/// Default `--metrics-address`: every address of the pod, port 9410.
-pub const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:9410";
+/// Default `--metrics-address`: loopback, port 9410. Anyone who can reach
+/// the port can connect, so a plugin started by hand (or on a host network)
+/// serves it to no one else until told; the chart binds every address of the
+/// pod's own network namespace, behind its NetworkPolicy.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9410";
 
 /// `--metrics-address`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -265,7 +268,7 @@ mod tests {
         assert!(err.to_string().contains("\"yes\""), "{err}");
         assert_eq!(
             Cli::parse_from(["x"]).metrics_address,
-            MetricsAddress::At("0.0.0.0:9410".parse().unwrap())
+            MetricsAddress::At("127.0.0.1:9410".parse().unwrap())
         );
         let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
         assert_eq!(cli.metrics_address, MetricsAddress::None);

@@ -31,7 +31,12 @@ fn the_charts_account_changes_only_hami_annotations_of_its_node_and_its_pods() {
         add_node(&client, "node-b").await;
         let objects = apply_chart(&cluster);
         let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
-        for kind in ["ServiceAccount", "ClusterRole", "ValidatingAdmissionPolicy"] {
+        for kind in [
+            "ServiceAccount",
+            "ClusterRole",
+            "ValidatingAdmissionPolicy",
+            "NetworkPolicy",
+        ] {
             assert!(
                 kinds.contains(&kind),
                 "the chart renders a {kind}: {kinds:?}"

@@ -86,7 +86,7 @@ impl Allocator {
             "no slice on the cached view ({failed}); planning once more on the node's pods as listed"
         );
         let (pods, edited) = self.ours.with_records(listed);
-        self.report_distrust(edited);
+        self.report_distrust(edited, &pods);
         Some(pods)
     }
 

@@ -10,6 +10,7 @@ mod lookup;
 mod occupancy;
 mod ours;
 mod pod;
+mod reported;
 mod response;
 mod reuse;
 mod write_back;
@@ -144,8 +145,8 @@ pub struct Allocator {
     /// The cached pods' CU claims, judged once per pod version.
     claims: occupancy::Claims,
     events: Events,
-    /// (pod uid, annotation value) of forged claims already reported.
-    reported: std::sync::Mutex<HashSet<(String, String)>>,
+    /// The forged claims already reported (bounded).
+    reported: std::sync::Mutex<reported::Reported>,
     /// Which pod each container's devices went to, for PreStartContainer.
     owners: Arc<Owners>,
 }
@@ -169,7 +170,7 @@ impl Allocator {
         Self {
             owners,
             events: Events::new(client.clone(), &caches.node_name),
-            reported: std::sync::Mutex::new(HashSet::new()),
+            reported: std::sync::Mutex::new(reported::Reported::default()),
             client,
             caches,
             snapshots,
@@ -294,7 +295,7 @@ impl Allocator {
     fn view(&self) -> Vec<Arc<Pod>> {
         let (mark, cached) = self.caches.pods_with_mark();
         let (pods, edited) = self.ours.view(mark, cached);
-        self.report_distrust(edited);
+        self.report_distrust(edited, &pods);
         pods
     }
 
@@ -403,7 +404,7 @@ impl Allocator {
         let mut occupancy = self
             .ours
             .with_recorded(|ours| self.claims.rebuild(pods, &totals, ours));
-        self.report_distrust(std::mem::take(&mut occupancy.distrusted));
+        self.report_distrust(std::mem::take(&mut occupancy.distrusted), pods);
         let mut maps: HashMap<String, CuBitmap> = std::mem::take(&mut occupancy.maps);
         let mut slices = Vec::with_capacity(entry.len());
         for device in entry {
@@ -444,14 +445,15 @@ impl Allocator {
             .warning(&regarding, "CuConflict", "Allocate", note);
     }
 
-    /// One Warning Event per forged claim (pod and value) on the pod.
-    fn report_distrust(&self, distrusted: Vec<occupancy::Distrust>) {
+    /// One Warning Event per forged claim (pod and value) on the pod; `live`
+    /// are the pods whose reports are remembered.
+    fn report_distrust(&self, distrusted: Vec<occupancy::Distrust>, live: &[Arc<Pod>]) {
         let mut reported = self
             .reported
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for d in distrusted {
-            if !reported.insert((d.uid.clone(), d.value.clone())) {
+            if !reported.first_time(&d.uid, &d.value, live) {
                 continue;
             }
             let note = format!(

@@ -4,7 +4,8 @@
 //! `hami.io/amd-devices-allocated` (the scheduler's, never modified): a claim
 //! that does not parse, names a GPU the pod was not granted or this node does
 //! not have, claims more CUs than granted or runs past the GPU's CUs is
-//! skipped and reported, and never blocks other pods. A claim that overlaps
+//! skipped and reported, and never blocks other pods. A list is checked
+//! against its GPU's CUs before anything expands it. A claim that overlaps
 //! another still counts, together with it, and is reported: the watch cache
 //! can hold pods that are gone, and dropping a live pod's claim because a
 //! stale one got there first would hand its CUs out again (a claim is bounded
@@ -128,12 +129,20 @@ struct Kept {
     judged: Arc<Judged>,
 }
 
+/// The judgements kept, and the GPUs they were judged against.
+#[derive(Debug, Default)]
+struct Judgements {
+    totals: Totals,
+    kept: Vec<Kept>,
+}
+
 /// The bitmaps of every GPU in `totals`, with every live pod's claims.
 /// Allocate rebuilds the occupancy over every cached pod; each pod version
 /// (one `Arc` of the watch cache, whose contents never change) is parsed and
-/// judged once and looked up by address after that.
+/// judged once and looked up by address after that (judged again when the
+/// node's GPUs change).
 #[derive(Debug, Default)]
-pub struct Claims(std::sync::Mutex<Vec<Kept>>);
+pub struct Claims(std::sync::Mutex<Judgements>);
 
 impl Claims {
     pub fn rebuild(
@@ -142,12 +151,17 @@ impl Claims {
         totals: &Totals,
         ours: &dyn Fn(&Pod) -> bool,
     ) -> Occupancy {
-        let mut kept = self
+        let mut cache = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.totals != *totals {
+            cache.totals.clone_from(totals);
+            cache.kept.clear();
+        }
+        let kept = &mut cache.kept;
         // Sorted by address; an entry moves on to `kept` when its pod is still cached.
-        let mut earlier: Vec<(usize, Option<Kept>)> = std::mem::take(&mut *kept)
+        let mut earlier: Vec<(usize, Option<Kept>)> = std::mem::take(kept)
             .into_iter()
             .map(|k| (k.address, Some(k)))
             .collect();
@@ -161,7 +175,7 @@ impl Claims {
             let entry = found.unwrap_or_else(|| Kept {
                 address,
                 _held: Arc::clone(pod),
-                judged: Arc::new(judge(pod)),
+                judged: Arc::new(judge(pod, totals)),
             });
             let judged = Arc::clone(&entry.judged);
             kept.push(entry);
@@ -206,8 +220,8 @@ fn distrust(pod: &Pod, value: &str, reason: String) -> Distrust {
     }
 }
 
-/// Judges `pod`'s claim against its grant and its spare set.
-fn judge(pod: &Pod) -> Judged {
+/// Judges `pod`'s claim against the node's GPUs, its grant and its spare set.
+fn judge(pod: &Pod, totals: &Totals) -> Judged {
     let value = pod.annotations().get(CU_ALLOCATED_KEY).cloned();
     let claims = match &value {
         None => Ok(Vec::new()),
@@ -218,7 +232,7 @@ fn judge(pod: &Pod) -> Judged {
                 claims
                     .0
                     .iter()
-                    .map(|(gpu, list)| judge_gpu(pod, &granted, gpu, list))
+                    .map(|(gpu, list)| judge_gpu(pod, totals, &granted, gpu, list))
                     .collect()
             }),
     };
@@ -231,15 +245,31 @@ fn judge(pod: &Pod) -> Judged {
     }
 }
 
-fn judge_gpu(pod: &Pod, granted: &HashMap<String, u32>, gpu: &str, list: &CuList) -> GpuClaim {
+fn judge_gpu(
+    pod: &Pod,
+    totals: &Totals,
+    granted: &HashMap<String, u32>,
+    gpu: &str,
+    list: &CuList,
+) -> GpuClaim {
+    let Some(&total) = totals.get(gpu) else {
+        return GpuClaim::Refused(format!(
+            "it claims CUs on GPU {gpu}, which this node does not have"
+        ));
+    };
+    if let Some(max) = list.max().filter(|max| *max >= total) {
+        return GpuClaim::Refused(format!(
+            "it claims CU {max} on GPU {gpu}, which has {total} CUs"
+        ));
+    }
     let allowed = granted.get(gpu).copied().unwrap_or(0);
-    let claimed = u32::try_from(list.iter().count()).unwrap_or(u32::MAX);
+    let claimed = list.len();
     if allowed == 0 {
         return GpuClaim::Refused(format!(
             "it claims CUs on GPU {gpu}, which HAMi did not grant the pod"
         ));
     }
-    if claimed > allowed {
+    if claimed > u64::from(allowed) {
         return GpuClaim::Refused(format!(
             "it claims {claimed} CUs on GPU {gpu}, HAMi granted the pod {allowed}"
         ));
@@ -400,9 +430,12 @@ mod tests {
         let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false);
         assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
         assert_eq!(free(&rebuilt.maps), 304);
-        assert_eq!(claims.0.lock().unwrap().len(), 1, "one per cached pod");
+        assert_eq!(claims.0.lock().unwrap().kept.len(), 1, "one per cached pod");
         claims.rebuild(&[], &totals, &|_| false);
-        assert!(claims.0.lock().unwrap().is_empty(), "gone with the pod");
+        assert!(
+            claims.0.lock().unwrap().kept.is_empty(),
+            "gone with the pod"
+        );
     }
 
     #[test]
@@ -455,3 +488,7 @@ mod tests {
         assert_eq!(free(&maps), 304);
     }
 }
+
+#[cfg(test)]
+#[path = "occupancy_forged_tests.rs"]
+mod forged_tests;

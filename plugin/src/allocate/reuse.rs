@@ -25,6 +25,7 @@ use std::{collections::BTreeMap, ops::Range};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
+use tracing::warn;
 
 use crate::{
     cu::{CuBitmap, CuError, mask::normalize},
@@ -171,7 +172,7 @@ impl Reuse {
             return map.choose(want, unit);
         }
         let gpu = map.gpu().to_owned();
-        let spare = self.spare.get(&gpu).cloned().unwrap_or_default();
+        let spare = self.spare_on(&gpu, map.total());
         let reused: Vec<Range<u32>> = (0..map.total() / unit)
             .map(|k| k * unit..(k + 1) * unit)
             .filter(|r| r.clone().all(|cu| spare.contains(cu)))
@@ -208,6 +209,24 @@ impl Reuse {
         Ok(normalize(&[reused, fresh].concat()))
     }
 
+    /// The spare set on `gpu`; one that runs past the GPU's `total` CUs was
+    /// not written by the plugin and is dropped before anything expands it.
+    fn spare_on(&mut self, gpu: &str, total: u32) -> CuList {
+        match self.spare.get(gpu) {
+            Some(list) if list.max().is_some_and(|max| max >= total) => {
+                warn!(
+                    gpu,
+                    total, "{CU_SPARE_KEY} runs past the GPU's CUs: not reused"
+                );
+                self.spare.remove(gpu);
+                self.changed = true;
+                CuList::default()
+            }
+            Some(list) => list.clone(),
+            None => CuList::default(),
+        }
+    }
+
     /// The new value of [`CU_SPARE_KEY`] when it changed.
     ///
     /// # Errors
@@ -236,15 +255,18 @@ pub fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String
     let Some(list) = spare.0.get(gpu) else {
         return Ok(claimed.clone());
     };
-    if list.iter().any(|cu| !claimed.contains(cu)) {
+    // On the ranges: neither list is expanded (the spare set is not bounded
+    // by the GPU yet).
+    let outside = list.difference(claimed);
+    if let Some(first) = outside.ranges().first() {
         return Err(format!(
-            "{CU_SPARE_KEY} names CUs {list} on {gpu} that {} does not claim",
-            CU_ALLOCATED_KEY
+            "{CU_SPARE_KEY} names {} CUs on {gpu} that {CU_ALLOCATED_KEY} does not claim \
+             (the first is CU {})",
+            outside.len(),
+            first.start
         ));
     }
-    Ok(CuList::from_indices(
-        claimed.iter().filter(|cu| !list.contains(*cu)),
-    ))
+    Ok(claimed.difference(list))
 }
 
 #[cfg(test)]

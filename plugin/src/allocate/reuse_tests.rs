@@ -204,7 +204,33 @@ fn a_spare_set_beyond_the_claim_is_not_trusted() {
     let claimed = CuList::parse("0-75").unwrap();
     let forged = finished(init_then_app(";;", Some(r#"{"A":"0-299"}"#)), 0);
     let err = occupied(&forged, GPU, &claimed).unwrap_err();
-    assert!(err.contains("0-299") && err.contains(CU_SPARE_KEY), "{err}");
+    assert!(
+        err.contains("224 CUs") && err.contains("CU 76") && err.contains(CU_SPARE_KEY),
+        "{err}"
+    );
     let garbage = finished(init_then_app(";;", Some("nope")), 0);
     assert!(occupied(&garbage, GPU, &claimed).is_err());
+}
+
+#[test]
+fn a_forged_spare_set_is_bounded_by_its_gpu_before_it_is_expanded() {
+    // The pod's own manifest sets a spare set of two billion CUs.
+    let forged = init_then_app(";A,T,1024,38:;", Some(r#"{"A":"0-2147483646"}"#));
+    let mut app = Reuse::for_pod(&forged, "amd.com/gpu");
+    let mut map = CuBitmap::new(GPU, 304);
+    let got = app.choose(&mut map, 38, 1).unwrap();
+    assert_eq!(ranges(&got), "0-37", "fresh CUs, nothing reused");
+    assert_eq!(
+        app.annotation().unwrap().unwrap(),
+        "{}",
+        "the forgery is dropped"
+    );
+    // Judged against a claim: refused on the ranges, nothing expanded.
+    let done = finished(init_then_app(";;", Some(r#"{"A":"0-2147483646"}"#)), 0);
+    let claimed = CuList::parse("0-37").unwrap();
+    let why = occupied(&done, GPU, &claimed).unwrap_err();
+    assert!(
+        why.contains("2147483609 CUs") && why.contains("first is CU 38"),
+        "{why}"
+    );
 }

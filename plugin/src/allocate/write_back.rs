@@ -27,15 +27,18 @@ pub(super) fn write_back(
         .and_then(|v| parse_cu_allocated(v).ok())
         .unwrap_or_else(|| CuAllocated(Default::default()));
     for s in slices.iter().filter(|s| !s.claimed.is_empty()) {
-        let earlier: Vec<u32> = claims
-            .0
-            .get(&s.id)
-            .map(|l| l.iter().collect())
-            .unwrap_or_default();
-        let all = earlier
-            .into_iter()
-            .chain(s.claimed.iter().flat_map(Clone::clone));
-        claims.0.insert(s.id.clone(), CuList::from_indices(all));
+        let earlier = claims.0.get(&s.id).cloned().unwrap_or_default();
+        // The pod's own value may be forged (its manifest can set it): bounded
+        // by the GPU, and merged as ranges.
+        if let Some(max) = earlier.max().filter(|max| *max >= s.env.cu_count) {
+            return Err(format!(
+                "{CU_ALLOCATED_KEY} of the pod claims CU {max} on GPU {}, which has {} CUs \
+                 (the plugin never wrote that)",
+                s.id, s.env.cu_count
+            ));
+        }
+        let chosen = CuList::from_indices(s.claimed.iter().flat_map(Clone::clone));
+        claims.0.insert(s.id.clone(), earlier.union(&chosen));
     }
     let remaining =
         parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?;

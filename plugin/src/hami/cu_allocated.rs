@@ -6,10 +6,26 @@
 //! object per pod, the union over its containers. HAMi never reads it; the
 //! plugin's rebuild does, and fails closed on anything malformed. The same
 //! ID-list syntax is used in `HSA_CU_MASK` (§5.2), see [`CuList`]'s `Display`.
+//!
+//! Users can write the annotation on their own pods, so a value is bounded
+//! before it is parsed ([`MAX_VALUE_LEN`], [`MAX_GPUS`], [`MAX_RANGES`]) and a
+//! list is only ever handled as ranges here: `0-4294967295` costs one range,
+//! never four billion indices. Consumers bound each list by the GPU it names
+//! ([`CuList::max`]) before they expand it.
 
 use std::{collections::BTreeMap, fmt};
 
 use super::{CU_ALLOCATED_KEY, HamiError, field_problem};
+
+/// Longest value accepted, in bytes. What the plugin writes is far shorter:
+/// even every other CU of 64 GPUs of 304 CUs is about 40 kB.
+pub const MAX_VALUE_LEN: usize = 64 * 1024;
+/// Most GPU ids in one value (a node registers at most a few dozen devices).
+pub const MAX_GPUS: usize = 256;
+/// Most ranges in one CU list (every other CU of a GPU of 8192 CUs).
+pub const MAX_RANGES: usize = 4096;
+/// How much of a refused list an error quotes.
+const QUOTED: usize = 64;
 
 /// An inclusive range of CU indices, `start <= end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,6 +69,9 @@ impl CuList {
         }
         let mut list = Self::default();
         for item in s.split(',') {
+            if list.0.len() >= MAX_RANGES {
+                return Err(format!("more than {MAX_RANGES} ranges"));
+            }
             let range = parse_item(item)?;
             if let Some(last) = list.0.last()
                 && range.start <= last.end
@@ -116,7 +135,67 @@ impl CuList {
         false
     }
 
-    /// Every CU index, ascending.
+    /// The CUs of both sets, computed on the ranges (nothing is expanded).
+    #[must_use]
+    pub fn union(&self, other: &Self) -> Self {
+        let mut all: Vec<CuRange> = self.0.iter().chain(&other.0).copied().collect();
+        all.sort_unstable();
+        let mut out = Self::default();
+        for r in all {
+            match out.0.last_mut() {
+                Some(last) if r.start <= last.end.saturating_add(1) => {
+                    last.end = last.end.max(r.end);
+                }
+                _ => out.0.push(r),
+            }
+        }
+        out
+    }
+
+    /// The CUs of `self` not in `other`, computed on the ranges.
+    #[must_use]
+    pub fn difference(&self, other: &Self) -> Self {
+        let mut out = Self::default();
+        let mut cuts = other.0.iter().peekable();
+        for r in &self.0 {
+            // What is left of `r` starts at `start`; `None` once it is all cut.
+            let mut start = Some(r.start);
+            while let (Some(from), Some(cut)) = (start, cuts.peek().copied()) {
+                if cut.end < from {
+                    cuts.next();
+                    continue;
+                }
+                if cut.start > r.end {
+                    break;
+                }
+                if cut.start > from {
+                    out.push(CuRange {
+                        start: from,
+                        end: cut.start - 1,
+                    });
+                }
+                if cut.end >= r.end {
+                    // The cut may reach into the next range too: keep it.
+                    start = None;
+                } else {
+                    start = Some(cut.end + 1);
+                    cuts.next();
+                }
+            }
+            if let Some(start) = start {
+                out.push(CuRange { start, end: r.end });
+            }
+        }
+        out
+    }
+
+    /// True when every CU of `self` is in `other`.
+    pub fn is_subset(&self, other: &Self) -> bool {
+        self.difference(other).is_empty()
+    }
+
+    /// Every CU index, ascending. Only for a list bounded by its GPU
+    /// ([`CuList::max`]): a forged range would be billions of indices.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.0.iter().flat_map(|r| r.start..=r.end)
     }
@@ -192,10 +271,25 @@ impl CuAllocated {
 /// Not a JSON object of strings, a bad id, or a malformed CU list; the error
 /// names the id and the list.
 pub fn parse_cu_allocated(s: &str) -> Result<CuAllocated, HamiError> {
+    if s.len() > MAX_VALUE_LEN {
+        return Err(HamiError::TooLong {
+            annotation: CU_ALLOCATED_KEY,
+            len: s.len(),
+            limit: MAX_VALUE_LEN,
+        });
+    }
     let plain: BTreeMap<String, String> = serde_json::from_str(s).map_err(|e| HamiError::Json {
         annotation: CU_ALLOCATED_KEY,
         reason: e.to_string(),
     })?;
+    if plain.len() > MAX_GPUS {
+        return Err(HamiError::TooMany {
+            annotation: CU_ALLOCATED_KEY,
+            what: "GPU ids",
+            count: plain.len(),
+            limit: MAX_GPUS,
+        });
+    }
     let mut out = BTreeMap::new();
     for (id, list) in plain {
         check_id(&id, &list)?;
@@ -212,12 +306,25 @@ fn check_id(id: &str, list: &str) -> Result<(), HamiError> {
     }
 }
 
+/// The error for `list` of `id`, both quoted at most [`QUOTED`] bytes long
+/// (the reason goes into logs and Events).
 fn cu_error(id: &str, list: &str, reason: &str) -> HamiError {
     HamiError::CuList {
-        id: id.to_owned(),
-        list: list.to_owned(),
+        id: quote(id),
+        list: quote(list),
         reason: reason.to_owned(),
     }
+}
+
+fn quote(s: &str) -> String {
+    if s.len() <= QUOTED {
+        return s.to_owned();
+    }
+    let mut end = QUOTED;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
 #[cfg(test)]

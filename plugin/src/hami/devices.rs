@@ -13,7 +13,7 @@
 //! comma and ignores missing terminators); every value HAMi's encoder, HAMi's
 //! erase and the Go plugin's erase produce is accepted.
 
-use super::{ALLOCATED_KEY, HamiError, TO_ALLOCATE_KEY, field_problem};
+use super::{ALLOCATED_KEY, HamiError, MAX_VALUE_LEN, TO_ALLOCATE_KEY, field_problem};
 
 /// How an emptied container entry is written: its terminator alone (§3.6).
 pub const EMPTY_ENTRY: &str = ";";
@@ -61,7 +61,8 @@ impl DevicesAnnotation {
 ///
 /// # Errors
 /// [`HamiError::DeviceList`] naming the annotation, the container entry, the
-/// offending fragment and the reason.
+/// offending fragment and the reason; [`HamiError::TooLong`] for a value of
+/// more than [`MAX_VALUE_LEN`] bytes.
 pub fn parse_pod_devices(
     annotation: DevicesAnnotation,
     value: &str,
@@ -69,6 +70,13 @@ pub fn parse_pod_devices(
     let key = annotation.key();
     if value.is_empty() {
         return Ok(Vec::new());
+    }
+    if value.len() > MAX_VALUE_LEN {
+        return Err(HamiError::TooLong {
+            annotation: key,
+            len: value.len(),
+            limit: MAX_VALUE_LEN,
+        });
     }
     let Some(body) = value.strip_suffix(';') else {
         let tail = value.rsplit(';').next().unwrap_or(value);

@@ -17,7 +17,9 @@ pub mod register;
 #[cfg(test)]
 mod fuzz_tests;
 
-pub use cu_allocated::{CuAllocated, CuList, CuRange, parse_cu_allocated};
+pub use cu_allocated::{
+    CuAllocated, CuList, CuRange, MAX_GPUS, MAX_RANGES, MAX_VALUE_LEN, parse_cu_allocated,
+};
 pub use devices::{
     ContainerDevice, ContainerDevices, DevicesAnnotation, EMPTY_ENTRY, encode_pod_devices,
     first_non_empty, has_pending, parse_pod_devices, pop_next, take_first_non_empty,
@@ -67,6 +69,21 @@ pub enum HamiError {
         id: String,
         list: String,
         reason: String,
+    },
+    /// A value longer than the plugin reads (users can write pod annotations).
+    #[error("{annotation}: {len} bytes, more than the {limit} accepted")]
+    TooLong {
+        annotation: &'static str,
+        len: usize,
+        limit: usize,
+    },
+    /// A value holding more items than the plugin reads.
+    #[error("{annotation}: {count} {what}, more than the {limit} accepted")]
+    TooMany {
+        annotation: &'static str,
+        what: &'static str,
+        count: usize,
+        limit: usize,
     },
 }
 

@@ -2,6 +2,14 @@
 //! OpenMetrics text exposition), `/healthz` (the process answers) and
 //! `/readyz` (registered with kubelet and connected to amd-gpud), for
 //! Prometheus and the DaemonSet's probes.
+//!
+//! Anyone who can reach the port may connect (the chart's NetworkPolicy
+//! narrows that to the scrapers): the server holds at most
+//! [`MAX_CONNECTIONS`] connections and closes the others as soon as they are
+//! accepted, each connection must send its request head within
+//! [`HEADER_TIMEOUT`] and in at most [`MAX_REQUEST_BUF`] bytes, and lives
+//! [`CONNECTION_TIMEOUT`] at most. Its memory is bounded whatever the peers
+//! do; a flood can only delay a scrape or a probe.
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -9,14 +17,26 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, header::CONTENT_TYPE};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioTimer;
+use tokio::{net::TcpListener, sync::Semaphore};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 /// Content type of the OpenMetrics text format.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A connection may stay open this long at most (a scrape takes milliseconds).
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once (Prometheus and kubelet's probes need a few).
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// A client must have sent its request head this long after the connection
+/// is ready to read one (also between the requests of a kept-alive one).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest request head read, bytes (hyper's minimum is 8 KiB; the requests
+/// served have no body). A longer one is answered 431 and closed.
+pub const MAX_REQUEST_BUF: usize = 16 * 1024;
 
 /// What the server serves.
 pub trait Exporter: Send + Sync + 'static {
@@ -58,6 +78,7 @@ pub async fn bind(address: SocketAddr) -> Result<TcpListener, MetricsServerError
 
 /// Serves `exporter` on `listener` until the task is dropped or aborted.
 pub async fn serve(listener: TcpListener, exporter: Arc<dyn Exporter>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -67,12 +88,20 @@ pub async fn serve(listener: TcpListener, exporter: Arc<dyn Exporter>) {
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            debug!(%peer, "metrics: {MAX_CONNECTIONS} connections open, closing this one");
+            drop(stream);
+            continue;
+        };
         let exporter = exporter.clone();
         let service = hyper::service::service_fn(move |req| {
             let exporter = exporter.clone();
             async move { Ok::<_, Infallible>(answer(&req, exporter.as_ref())) }
         });
         let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(MAX_REQUEST_BUF)
             .serve_connection(TokioIo::new(stream), service);
         let span = info_span!("metrics_http", %peer);
         tokio::spawn(
@@ -82,6 +111,7 @@ pub async fn serve(listener: TcpListener, exporter: Arc<dyn Exporter>) {
                     Ok(Err(err)) => debug!("metrics connection: {err}"),
                     Err(_) => debug!("metrics connection closed after {CONNECTION_TIMEOUT:?}"),
                 }
+                drop(slot);
             }
             .instrument(span),
         );
@@ -175,6 +205,54 @@ mod tests {
             assert!(get(address, "/other").await.starts_with("HTTP/1.1 404"));
             let taken = bind(address).await.unwrap_err().to_string();
             assert!(taken.contains(&address.to_string()), "{taken}");
+            server.abort();
+        })
+        .await
+        .expect("timed out");
+    }
+
+    /// The answer to `request`, sent again while the server closes the
+    /// connection unanswered (all its slots are taken until it notices the
+    /// peers that left).
+    async fn answer(address: SocketAddr, request: &str) -> String {
+        loop {
+            let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+            let _ = stream.write_all(request.as_bytes()).await;
+            let mut response = String::new();
+            let _ = stream.read_to_string(&mut response).await;
+            if !response.is_empty() {
+                return response;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_limit_are_closed_at_once() {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+            let address = listener.local_addr().unwrap();
+            let server = tokio::spawn(serve(listener, Arc::new(Fake(AtomicBool::new(true)))));
+            let mut held = Vec::new();
+            for _ in 0..MAX_CONNECTIONS {
+                let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\n")
+                    .await
+                    .unwrap();
+                held.push(stream);
+            }
+            let mut extra = tokio::net::TcpStream::connect(address).await.unwrap();
+            let mut buf = [0; 64];
+            let read = extra.read(&mut buf).await;
+            assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+            // A head longer than the buffer is refused, not buffered.
+            let long = format!("GET / HTTP/1.1\r\nX: {}\r\n", "a".repeat(MAX_REQUEST_BUF));
+            drop(held.pop());
+            assert!(answer(address, &long).await.starts_with("HTTP/1.1 431"));
+            drop(held);
+            let healthz = "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            assert!(answer(address, healthz).await.starts_with("HTTP/1.1 200"));
             server.abort();
         })
         .await

@@ -166,3 +166,52 @@ fn encode_refuses_bad_ids_and_empty_lists() {
     let err = CuAllocated(map).encode().unwrap_err().to_string();
     assert!(err.contains("empty CU list"), "{err}");
 }
+
+#[test]
+fn set_operations_work_on_ranges_and_never_expand() {
+    let huge = list("0-4294967295");
+    let hole = list("1-2,10-4294967294");
+    assert_eq!(
+        ranges(&huge.difference(&hole)),
+        [(0, 0), (3, 9), (4294967295, 4294967295)]
+    );
+    assert!(hole.is_subset(&huge) && !huge.is_subset(&hole));
+    assert!(huge.difference(&huge).is_empty());
+    assert_eq!(
+        ranges(&list("0-3,8").difference(&list("2,4-9"))),
+        [(0, 1), (3, 3)]
+    );
+    assert_eq!(ranges(&list("5-9").difference(&list("0-1,3"))), [(5, 9)]);
+    // One cut across two ranges.
+    assert_eq!(
+        ranges(&list("0-3,6-9").difference(&list("2-7"))),
+        [(0, 1), (8, 9)]
+    );
+    assert_eq!(
+        ranges(&list("0-3,10").union(&list("4-6,9"))),
+        [(0, 6), (9, 10)]
+    );
+    assert_eq!(
+        ranges(&huge.union(&list("7,4294967295"))),
+        [(0, 4294967295)]
+    );
+    assert_eq!(huge.len(), 1 << 32);
+}
+
+#[test]
+fn oversized_values_are_refused_before_parsing() {
+    let long = format!("{{\"A\":\"{}\"}}", "1".repeat(MAX_VALUE_LEN));
+    let err = parse_cu_allocated(&long).unwrap_err().to_string();
+    assert!(
+        err.contains(CU_ALLOCATED_KEY) && err.contains("accepted"),
+        "{err}"
+    );
+    let many: Vec<String> = (0..=MAX_GPUS).map(|i| format!("\"g{i}\":\"0\"")).collect();
+    let err = parse_cu_allocated(&format!("{{{}}}", many.join(","))).unwrap_err();
+    assert!(err.to_string().contains("GPU ids"), "{err}");
+    let ranges: Vec<String> = (0..=MAX_RANGES).map(|i| (2 * i).to_string()).collect();
+    let value = format!("{{\"A\":\"{}\"}}", ranges.join(","));
+    let err = parse_cu_allocated(&value).unwrap_err().to_string();
+    assert!(err.contains("more than 4096 ranges"), "{err}");
+    assert!(err.len() < 300, "the list is quoted short: {err}");
+}

@@ -93,6 +93,23 @@ fn allocated_errors_name_their_own_key() {
     assert!(err.to_string().starts_with(TO_ALLOCATE_KEY), "{err}");
 }
 
+#[test]
+fn values_longer_than_the_limit_are_refused_unparsed() {
+    let long = "A,T,1,2:;".repeat(MAX_VALUE_LEN / 9 + 1);
+    let err = parse_pod_devices(DevicesAnnotation::Allocated, &long).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            HamiError::TooLong {
+                annotation: ALLOCATED_KEY,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(parse(&long[..MAX_VALUE_LEN / 9 * 9]).is_ok());
+}
+
 /// Each malformed value, the container index, the fragment and a reason word.
 #[test]
 fn malformed_values_name_the_fragment() {
