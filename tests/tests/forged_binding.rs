@@ -128,3 +128,32 @@ fn two_pods_that_could_each_be_the_one_are_refused_unless_protected() {
         assert_eq!(bind_phase(&w, "later").as_deref(), Some("allocating"));
     });
 }
+
+/// Defect 4: a pod that asks for no GPU forges a grant of a whole GPU and
+/// the plugin's CU record of it. HAMi never granted it anything, so its
+/// claim holds no CU: an honest pod HAMi placed on that GPU gets its slice.
+#[test]
+fn a_whole_gpu_forged_by_a_pod_without_a_gpu_request_blocks_no_one() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, async {
+        let w = world().await;
+        let g = w.gpus[4].clone();
+        let entry = encode(&[vec![grant(&g, 196_608, 304)]]);
+        let record = json!({g.id.clone(): "0-303"}).to_string();
+        w.api.put_pod(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "squatter", "namespace": "default", "annotations": {
+                "hami.io/vgpu-node": NODE, "hami.io/bind-phase": "success",
+                "hami.io/amd-devices-allocated": entry, "hami.io/amd-cu-allocated": record}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"}}));
+        common::world::schedule(&w.api, "honest", &[(&g, 1024, 76)], 4000);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let answer = w.kubelet.allocate(vec![format!("{}#0", g.id)]).await;
+        let envs = answer.unwrap().envs;
+        assert_eq!(envs["HSA_CU_MASK"], "0:0-75", "{envs:?}");
+        assert_eq!(bind_phase(&w, "honest").as_deref(), Some("success"));
+    });
+}

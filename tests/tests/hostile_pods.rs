@@ -46,12 +46,16 @@ fn assert_survived(w: &World, cg: Option<&MemCg>, what: &str) -> u64 {
     hwm
 }
 
-/// A pod bound to the node with no GPU request, carrying `annotations`.
+/// A running pod on the node with forged `annotations`. It asks for one
+/// `amd.com/gpu` (a pod asking for none has its claims refused before they
+/// are read), so that the bounds on the values themselves are what is tried.
 fn forger(api: &FakeApiServer, name: &str, annotations: Value) {
+    let limits = json!({"limits": {"amd.com/gpu": "1"}});
     api.put_pod(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "busybox"}]},
+        "spec": {"nodeName": NODE,
+                 "containers": [{"name": "c", "image": "busybox", "resources": limits}]},
         "status": {"phase": "Running"},
     }));
 }

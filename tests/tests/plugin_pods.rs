@@ -149,7 +149,11 @@ fn forged_pod(api: &FakeApiServer, name: &str, granted: (&Gpu, u32), claimed: Va
             "hami.io/bind-phase": "success",
             CUS: claimed.to_string(),
         }},
-        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "rocm"}]},
+        // It asks for a GPU, as pods HAMi granted one do: the claim is then
+        // judged against its grant (tests/tests/forged_binding.rs has one
+        // that asks for none).
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "rocm",
+                 "resources": {"limits": {"amd.com/gpu": "1"}}}]},
         "status": {"phase": "Running"}
     }));
 }

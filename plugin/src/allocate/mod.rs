@@ -168,6 +168,7 @@ impl Allocator {
         owners: Arc<Owners>,
     ) -> Self {
         Self {
+            claims: occupancy::Claims::for_resource(&config.resource_name),
             owners,
             events: Events::new(client.clone(), &caches.node_name),
             reported: std::sync::Mutex::new(reported::Reported::default()),
@@ -177,7 +178,6 @@ impl Allocator {
             config,
             serial: Arc::new(Mutex::new(())),
             ours: Arc::default(),
-            claims: occupancy::Claims::default(),
         }
     }
 

@@ -134,6 +134,10 @@ struct Kept {
 struct Judgements {
     totals: Totals,
     kept: Vec<Kept>,
+    /// The count resource (`amd.com/gpu`): a pod whose spec asks for none
+    /// was never granted any by HAMi, whatever its annotations say; its
+    /// claims are refused. `None` (the default, unit tests): not checked.
+    resource: Option<String>,
 }
 
 /// The bitmaps of every GPU in `totals`, with every live pod's claims.
@@ -145,6 +149,14 @@ struct Judgements {
 pub struct Claims(std::sync::Mutex<Judgements>);
 
 impl Claims {
+    /// Claims judged for pods that ask for `resource` in their spec.
+    pub fn for_resource(resource: &str) -> Self {
+        Self(std::sync::Mutex::new(Judgements {
+            resource: Some(resource.to_owned()),
+            ..Judgements::default()
+        }))
+    }
+
     pub fn rebuild(
         &self,
         pods: &[Arc<Pod>],
@@ -159,6 +171,7 @@ impl Claims {
             cache.totals.clone_from(totals);
             cache.kept.clear();
         }
+        let resource = cache.resource.clone();
         let kept = &mut cache.kept;
         // Sorted by address; an entry moves on to `kept` when its pod is still cached.
         let mut earlier: Vec<(usize, Option<Kept>)> = std::mem::take(kept)
@@ -175,7 +188,7 @@ impl Claims {
             let entry = found.unwrap_or_else(|| Kept {
                 address,
                 _held: Arc::clone(pod),
-                judged: Arc::new(judge(pod, totals)),
+                judged: Arc::new(judge(pod, totals, resource.as_deref())),
             });
             let judged = Arc::clone(&entry.judged);
             kept.push(entry);
@@ -220,11 +233,17 @@ fn distrust(pod: &Pod, value: &str, reason: String) -> Distrust {
     }
 }
 
-/// Judges `pod`'s claim against the node's GPUs, its grant and its spare set.
-fn judge(pod: &Pod, totals: &Totals) -> Judged {
+/// Judges `pod`'s claim against the node's GPUs, its grant and its spare
+/// set; a pod whose spec asks for no `resource` has no grant to claim from.
+fn judge(pod: &Pod, totals: &Totals, resource: Option<&str>) -> Judged {
     let value = pod.annotations().get(CU_ALLOCATED_KEY).cloned();
+    let asks = resource.is_none_or(|r| super::pod::asks_for_any(pod, r));
     let claims = match &value {
         None => Ok(Vec::new()),
+        Some(_) if !asks => Err(format!(
+            "its spec asks for no {}: HAMi grants only pods that do",
+            resource.unwrap_or_default()
+        )),
         Some(value) => parse_cu_allocated(value)
             .map_err(|err| err.to_string())
             .map(|claims| {

@@ -2,9 +2,12 @@
 //! the owner of the node lock, else the one pod the fallback rule names
 //! among those bound here whose spec asks for the devices (see [`find`]).
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::{
+    api::core::v1::{Node, Pod},
+    apimachinery::pkg::api::resource::Quantity,
+};
 use kube::ResourceExt;
 
 use crate::hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices};
@@ -165,27 +168,33 @@ fn fallback_candidate(pod: &Pod, wanted: Wanted<'_>) -> bool {
 /// devices of `resource` (an extended resource: its limit, or its request
 /// when only that is given).
 fn asks_for(pod: &Pod, resource: &str, count: usize) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    let wanted = count.to_string();
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers)
+    asked(pod, resource).any(|n| usize::try_from(n).ok() == Some(count))
+}
+
+/// Whether a container (init or app) of `pod` asks for devices of
+/// `resource` at all.
+pub fn asks_for_any(pod: &Pod, resource: &str) -> bool {
+    asked(pod, resource).any(|n| n > 0)
+}
+
+/// How many devices of `resource` each container of `pod` asks for (its
+/// limit, or its request when only that is given; unparsable: skipped).
+fn asked<'a>(pod: &'a Pod, resource: &'a str) -> impl Iterator<Item = u64> + 'a {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .and_then(|s| s.init_containers.as_ref())
+        .into_iter()
+        .flatten();
+    let app = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    init.chain(app)
         .filter_map(|c| c.resources.as_ref())
-        .any(|r| {
-            let of = |m: &Option<
-                std::collections::BTreeMap<
-                    String,
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-                >,
-            >| {
+        .filter_map(move |r| {
+            let of = |m: &Option<BTreeMap<String, Quantity>>| {
                 m.as_ref()
                     .and_then(|m| m.get(resource))
-                    .map(|q| q.0.trim() == wanted)
+                    .map(|q| q.0.trim().parse::<u64>())
             };
-            of(&r.limits).or_else(|| of(&r.requests)).unwrap_or(false)
+            of(&r.limits).or_else(|| of(&r.requests))?.ok()
         })
 }
 
