@@ -106,3 +106,16 @@ pub fn apply_chart(cluster: &RealCluster) -> io::Result<Vec<Value>> {
     }
     Ok(objects)
 }
+
+/// `Some` once kubelet reports Node `name` Ready.
+pub async fn node_ready(
+    nodes: &kube::Api<k8s_openapi::api::core::v1::Node>,
+    name: &str,
+) -> Option<()> {
+    let node = nodes.get(name).await.ok()?;
+    let conditions = node.status?.conditions?;
+    conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+        .then_some(())
+}

@@ -32,15 +32,7 @@ pub async fn capacity(nodes: &Api<Node>, node: &str, resource: &str) -> Option<S
     Some(quantity)
 }
 
-/// `Some` once kubelet reports `node` Ready.
-pub async fn ready(nodes: &Api<Node>, node: &str) -> Option<()> {
-    let node = nodes.get(node).await.ok()?;
-    let conditions = node.status?.conditions?;
-    conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
-        .then_some(())
-}
+pub use tests::cluster::setup::node_ready as ready;
 
 /// Who the plugin runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

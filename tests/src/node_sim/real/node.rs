@@ -75,7 +75,7 @@ impl RealNode {
         ));
         let nodes: Api<Node> = Api::all(session.client.clone());
         let log = kubelet.log_path();
-        wait(&log, "the Node Ready", || ready(&nodes, &name)).await?;
+        wait(&log, "the Node Ready", || setup::node_ready(&nodes, &name)).await?;
         label(&nodes, &name, &host.fixture, mode).await?;
         let places = PluginPlaces {
             kubelet_dir: kubelet.device_plugin_dir(),
@@ -151,15 +151,6 @@ fn timeout(what: &str, log: &std::path::Path) -> SimError {
         secs: STEP_TIMEOUT.as_secs(),
         log: log.to_path_buf(),
     }
-}
-
-async fn ready(nodes: &Api<Node>, name: &str) -> Option<()> {
-    let node = nodes.get(name).await.ok()?;
-    let conditions = node.status?.conditions?;
-    conditions
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
-        .then_some(())
 }
 
 /// kubelet's `amd.com/gpu` capacity, once it is not 0 and the plugin's
