@@ -119,6 +119,9 @@ async fn serve_once(
             path: config.socket.display().to_string(),
             source,
         })?;
+    // Taken at once: kubelet may delete the fresh socket while it cleans up
+    // after its start, and a socket already gone must not pass for ours.
+    let ours = identity(&config.socket);
     let stream_closed = Arc::new(Notify::new());
     let (stopping, stopping_rx) = watch::channel(false);
     let service = PluginService {
@@ -142,7 +145,7 @@ async fn serve_once(
     );
     let ended = tokio::select! {
         () = &mut *shutdown => Ended::Shutdown,
-        reason = serve_until_restart(config, endpoint, &stream_closed) => {
+        reason = serve_until_restart(config, endpoint, ours, &stream_closed) => {
             warn!("kubelet restarted ({reason}); registering again");
             Ended::KubeletRestarted
         }
@@ -161,15 +164,16 @@ async fn serve_once(
 
 /// Registers, then watches for a kubelet restart; returns its sign.
 ///
-/// Both sockets' identities are taken before registering, so a restart
-/// during registration is not missed; a kubelet that deletes our fresh socket
-/// while it cleans up after its own start ends the attempt (we bind again).
+/// `ours` is our socket's identity right after binding; kubelet.sock's is
+/// taken before registering, so a restart during registration is not
+/// missed. A kubelet that deletes our fresh socket while it cleans up after
+/// its own start ends the attempt (we bind again).
 async fn serve_until_restart(
     config: &KubeletConfig,
     endpoint: &str,
+    ours: Identity,
     stream_closed: &Notify,
 ) -> &'static str {
-    let ours = identity(&config.socket);
     let kubelet = identity(&config.kubelet_socket);
     let pre_start = config.pre_start_required();
     let registered = registration::register(
@@ -177,7 +181,7 @@ async fn serve_until_restart(
         endpoint,
         &config.resource_name,
         pre_start,
-        || identity(&config.socket) == ours,
+        || still_ours(&config.socket, ours),
     );
     if !registered.await {
         return "our socket was removed before kubelet accepted the registration";
@@ -188,7 +192,7 @@ async fn serve_until_restart(
         tokio::select! {
             () = stream_closed.notified() => return "the ListAndWatch stream closed",
             _ = tick.tick() => {
-                if identity(&config.socket) != ours {
+                if !still_ours(&config.socket, ours) {
                     return "our socket was removed";
                 }
                 if identity(&config.kubelet_socket) != kubelet {
@@ -213,6 +217,14 @@ fn identity(path: &Path) -> Identity {
         .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
+/// Whether `path` is still the socket we bound. A socket that is gone is
+/// never ours, even when it was already gone as we looked right after
+/// binding (kubelet's directory cleanup can come that fast): kubelet could
+/// not dial back to it.
+fn still_ours(path: &Path, ours: Identity) -> bool {
+    ours.is_some() && identity(path) == ours
+}
+
 /// Waits until kubelet.sock exists (kubelet is up) before binding again.
 async fn wait_for_kubelet(kubelet_socket: &Path) {
     let mut logged = false;
@@ -222,5 +234,29 @@ async fn wait_for_kubelet(kubelet_socket: &Path) {
             logged = true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_socket_gone_before_we_looked_is_not_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("amd.com_gpu.sock");
+        assert!(!still_ours(&path, identity(&path)));
+    }
+
+    #[test]
+    fn a_deleted_socket_is_not_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("amd.com_gpu.sock");
+        let first = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let ours = identity(&path);
+        assert!(still_ours(&path, ours));
+        drop(first);
+        std::fs::remove_file(&path).unwrap();
+        assert!(!still_ours(&path, ours));
     }
 }
