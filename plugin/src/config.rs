@@ -135,6 +135,11 @@ pub struct Cli {
     /// besides its change signals (a missed signal costs at most one pulse).
     #[arg(long, env = "AMDGPU_DP_HEALTH_PULSE", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
     pub health_pulse: u64,
+    /// Seconds amd-gpud may stay unreachable before the plugin says why, once,
+    /// in its log and in a Warning Event on the Node (amd-gpud may simply
+    /// start after the plugin).
+    #[arg(long, env = "AMDGPU_DP_GPUD_UNREACHABLE_AFTER", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600), value_name = "SECS")]
+    pub gpud_unreachable_after: u64,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
     pub log: String,

@@ -20,7 +20,10 @@ use ipc::{
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::devices::gpu_id;
+use crate::{
+    devices::gpu_id,
+    gpud_reach::{Reach, Unreachable},
+};
 use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
 
 /// Where amd-gpud is.
@@ -85,30 +88,92 @@ pub enum SessionError {
     Timeout(Duration),
 }
 
-/// Starts following amd-gpud; the receiver always holds the latest snapshot.
-/// Besides the signals, the whole inventory (health included) is read again
-/// every `pulse`, so that a missed signal costs at most one pulse.
-pub fn spawn(bus: Bus, pulse: Duration) -> watch::Receiver<Snapshot> {
-    let (tx, rx) = watch::channel(Snapshot::default());
-    tokio::spawn(follow(bus, tx, pulse));
-    rx
+/// What [`spawn`] follows: the latest inventory, and how the last attempt
+/// to reach amd-gpud went (for [`crate::gpud_reach::report`]).
+#[derive(Debug, Clone)]
+pub struct Followed {
+    pub snapshots: watch::Receiver<Snapshot>,
+    pub reach: watch::Receiver<Reach>,
 }
 
-async fn follow(bus: Bus, tx: watch::Sender<Snapshot>, pulse: Duration) {
+/// The sending side of [`Followed`].
+struct Feeds {
+    snapshots: watch::Sender<Snapshot>,
+    reach: watch::Sender<Reach>,
+    uid: u32,
+}
+
+impl Feeds {
+    /// Marks the snapshot stale and records why; the first failure of a
+    /// kind is a warning, its repeats (every retry and pulse) only debug.
+    fn unreachable(&self, what: &str, err: &SessionError) {
+        self.snapshots
+            .send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+        self.set_reach(
+            Reach::Unreachable(Unreachable::classify(err, self.uid)),
+            what,
+            err,
+        );
+    }
+
+    fn set_reach(&self, reach: Reach, what: &str, err: &SessionError) {
+        let kind_changed = self.reach.send_if_modified(|old| {
+            let changed = kind(old) != kind(&reach);
+            *old = reach;
+            changed
+        });
+        if kind_changed {
+            warn!("{what}: {err}");
+        } else {
+            debug!("{what}: {err}");
+        }
+    }
+}
+
+fn kind(reach: &Reach) -> Option<&'static str> {
+    match reach {
+        Reach::Unreachable(cause) => Some(cause.kind()),
+        Reach::Connected | Reach::Unknown => None,
+    }
+}
+
+/// Starts following amd-gpud; the receivers always hold the latest snapshot
+/// and reach. Besides the signals, the whole inventory (health included) is
+/// read again every `pulse`, so that a missed signal costs at most one pulse.
+pub fn spawn(bus: Bus, pulse: Duration) -> Followed {
+    let (snapshots, snapshots_rx) = watch::channel(Snapshot::default());
+    let (reach, reach_rx) = watch::channel(Reach::default());
+    let uid = rustix::process::getuid().as_raw();
+    tokio::spawn(follow(
+        bus,
+        Feeds {
+            snapshots,
+            reach,
+            uid,
+        },
+        pulse,
+    ));
+    Followed {
+        snapshots: snapshots_rx,
+        reach: reach_rx,
+    }
+}
+
+async fn follow(bus: Bus, feeds: Feeds, pulse: Duration) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        match session(&bus, &tx, pulse).await {
+        match session(&bus, &feeds, pulse).await {
             Ok(()) => backoff = Duration::from_millis(200),
             Err(err) => {
-                warn!(
-                    "amd-gpud session ended: {err}; keeping the last inventory, retrying in {backoff:?}"
+                let what = format!(
+                    "amd-gpud session ended (keeping the last inventory, retrying in {backoff:?})"
                 );
-                tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+                feeds.unreachable(&what, &err);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
-        if tx.is_closed() {
+        if feeds.snapshots.is_closed() {
             return;
         }
     }
@@ -133,11 +198,7 @@ pub async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
 
 /// One connection's life: ends `Ok` when amd-gpud's owner changes (read
 /// everything again with fresh proxies), `Err` when the bus goes away.
-async fn session(
-    bus: &Bus,
-    tx: &watch::Sender<Snapshot>,
-    pulse: Duration,
-) -> Result<(), SessionError> {
+async fn session(bus: &Bus, feeds: &Feeds, pulse: Duration) -> Result<(), SessionError> {
     let conn = connect(bus).await?;
     let dbus = DBusProxy::new(&conn).await?;
     let mut owners = dbus
@@ -148,14 +209,26 @@ async fn session(
         .build()
         .await?;
     let mut changes = node.receive_inventory_changed().await?;
-    refresh(&conn, &node, tx).await;
+    let name = zbus::names::BusName::try_from(BUS_NAME).map_err(zbus::Error::from)?;
+    let owned = dbus
+        .name_has_owner(name)
+        .await
+        .map_err(|e| SessionError::Bus(zbus::Error::FDO(Box::new(e))))?;
+    if !owned {
+        let err = SessionError::Bus(zbus::Error::FDO(Box::new(
+            zbus::fdo::Error::ServiceUnknown(format!("nobody owns {BUS_NAME}")),
+        )));
+        feeds.unreachable("amd-gpud is not on the bus (waiting for it)", &err);
+    } else {
+        refresh(&conn, &node, feeds).await;
+    }
     let mut resync = tokio::time::interval(pulse.max(Duration::from_secs(1)));
     // A read that timed out must not be followed by a burst of catch-up reads.
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     resync.tick().await;
     loop {
         tokio::select! {
-            _ = resync.tick() => refresh(&conn, &node, tx).await,
+            _ = resync.tick() => refresh(&conn, &node, feeds).await,
             () = conn.closed() => return Err(SessionError::BusLost),
             owner = owners.next() => {
                 let appeared = owner
@@ -165,14 +238,17 @@ async fn session(
                 if appeared {
                     return Ok(());
                 }
-                tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+                let err = SessionError::Bus(zbus::Error::FDO(Box::new(
+                    zbus::fdo::Error::ServiceUnknown(format!("{BUS_NAME} left the bus")),
+                )));
+                feeds.unreachable("amd-gpud left the bus", &err);
             }
             change = changes.next() => {
                 if change.is_none() {
                     return Err(SessionError::BusLost);
                 }
                 debug!("InventoryChanged");
-                refresh(&conn, &node, tx).await;
+                refresh(&conn, &node, feeds).await;
             }
         }
     }
@@ -180,10 +256,13 @@ async fn session(
 
 /// Reads every GPU; on failure (or no answer within [`READ_TIMEOUT`]) keeps
 /// the old snapshot and marks it stale.
-async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Snapshot>) {
+async fn refresh(conn: &Connection, node: &NodeProxy<'_>, feeds: &Feeds) {
     match read_within(conn, node, READ_TIMEOUT).await {
         Ok(mut fresh) => {
-            tx.send_if_modified(|s| {
+            if feeds.reach.send_replace(Reach::Connected) != Reach::Connected {
+                info!("read the inventory from amd-gpud");
+            }
+            feeds.snapshots.send_if_modified(|s| {
                 keep_vanished(s, &mut fresh);
                 let changed = *s != fresh;
                 *s = fresh;
@@ -191,8 +270,10 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, tx: &watch::Sender<Sna
             });
         }
         Err(err) => {
-            warn!("cannot read the inventory from amd-gpud: {err}; keeping the last one");
-            tx.send_if_modified(|s| std::mem::replace(&mut s.connected, false));
+            feeds.unreachable(
+                "cannot read the inventory from amd-gpud (keeping the last one)",
+                &err,
+            );
         }
     }
 }

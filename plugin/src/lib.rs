@@ -15,6 +15,7 @@ pub mod config;
 pub mod cu;
 pub mod devices;
 pub mod gpud_client;
+pub mod gpud_reach;
 pub mod hami;
 pub mod health_events;
 pub mod kube;
@@ -149,7 +150,8 @@ pub async fn serve(
         sandbox::Enforcement::Full => metrics::LandlockStatus::FullyEnforced,
     });
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let raw = gpud_client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
+    let followed = gpud_client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
+    let raw = followed.snapshots;
     let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
     let snapshots = partition::follow(raw.clone(), mode);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
@@ -169,6 +171,15 @@ pub async fn serve(
             target,
         ));
     }
+    tokio::spawn(gpud_reach::report(
+        followed.reach,
+        side.as_ref().map(|s| gpud_reach::NodeEvents {
+            events: s.events.clone(),
+            caches: s.caches.clone(),
+        }),
+        Duration::from_secs(cli.gpud_unreachable_after),
+        until(stopped.clone()),
+    ));
     if side.is_none() {
         info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
     }
