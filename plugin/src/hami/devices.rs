@@ -111,12 +111,18 @@ fn parse_container(
         .collect()
 }
 
+/// One device: `uuid,type,memMiB,cuCount`, then any further fields, which
+/// are ignored. HAMi's decoder (Project-HAMi/HAMi:pkg/device/devices.go,
+/// `DecodeContainerDevices`) refuses fewer than four and reads the first
+/// four, so that a HAMi that appends a field still decodes everywhere.
 fn parse_device(fragment: &str) -> Result<ContainerDevice, String> {
-    let fields: Vec<&str> = fragment.split(',').collect();
-    let [uuid, device_type, mem, cores] = fields.as_slice() else {
+    let mut fields = fragment.splitn(5, ',');
+    let mut next = || fields.next();
+    let (Some(uuid), Some(device_type), Some(mem), Some(cores)) = (next(), next(), next(), next())
+    else {
         return Err(format!(
-            "expected 4 comma-separated fields uuid,type,memMiB,cuCount, found {}",
-            fields.len()
+            "expected at least 4 comma-separated fields uuid,type,memMiB,cuCount, found {}",
+            fragment.split(',').count()
         ));
     };
     if uuid.is_empty() {
@@ -126,8 +132,8 @@ fn parse_device(fragment: &str) -> Result<ContainerDevice, String> {
         return Err("type is empty".to_owned());
     }
     Ok(ContainerDevice {
-        uuid: (*uuid).to_owned(),
-        device_type: (*device_type).to_owned(),
+        uuid: uuid.to_owned(),
+        device_type: device_type.to_owned(),
         usedmem: parse_int32("memMiB", mem)?,
         usedcores: parse_int32("cuCount", cores)?,
     })
