@@ -168,12 +168,26 @@ pub fn annotation(
                 info.count = 1;
                 info.mode = gpu.compute_partition.to_ascii_lowercase();
             }
+            info.index = card_minor(snapshot, gpu);
             add_profiles(&mut info, gpu);
             add_restore_props(&mut info, snapshot, gpu);
             info
         })
         .collect();
     register_annotation(&devices)
+}
+
+/// `index`: the device's DRM card minor (`/dev/dri/card<N>`), as HAMi's Go
+/// AMD plugin publishes it; HAMi uses it as a metrics label and a
+/// tie-break. The first partition's for a whole GPU, the partition's own
+/// for a partition device; 0 (omitted) when there is no card node.
+fn card_minor(snapshot: &Snapshot, gpu: &GpuInfo) -> u32 {
+    snapshot
+        .partitions
+        .get(&gpu.bdf)
+        .and_then(|parts| parts.first())
+        .and_then(|p| u32::try_from(p.card_minor).ok())
+        .unwrap_or(0)
 }
 
 /// Whether the node must be patched: only when the wanted value differs from
@@ -242,6 +256,35 @@ mod tests {
         assert_eq!(parsed[0].custominfo.pci_bdf, "0000:05:00.0");
         let stopping = parse_register(&annotation(&snapshot, 4, false).unwrap()).unwrap();
         assert!(stopping.iter().all(|d| !d.health && d.count == 4));
+    }
+
+    /// `index` is the card minor, as HAMi's Go AMD plugin publishes it;
+    /// a device without a card node leaves it out (0).
+    #[test]
+    fn index_is_the_drm_card_minor() {
+        let partition = crate::testutil::partition;
+        let snapshot = Snapshot {
+            gpus: vec![
+                gpu("0000:05:00.0", "gfx942", "Healthy"),
+                gpu("0000:15:00.0", "gfx942", "Healthy"),
+            ],
+            partitions: std::collections::BTreeMap::from([
+                (
+                    "0000:05:00.0".to_owned(),
+                    vec![partition("0000:05:00.0", 0, 3)],
+                ),
+                (
+                    "0000:15:00.0".to_owned(),
+                    vec![partition("0000:15:00.0", 0, -1)],
+                ),
+            ]),
+            connected: true,
+            ..Snapshot::default()
+        };
+        let value = annotation(&snapshot, 0, true).unwrap();
+        let parsed = parse_register(&value).unwrap();
+        assert_eq!((parsed[0].index, parsed[1].index), (3, 0));
+        assert!(value.contains(r#""index":3"#), "{value}");
     }
 
     #[test]

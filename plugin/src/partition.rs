@@ -92,7 +92,8 @@ pub fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
             out.gpus.push(gpu.clone());
             continue;
         }
-        let count = u32::try_from(parts.len()).unwrap_or(u32::MAX);
+        let listed = snapshot.partitions.get(&gpu.bdf).map_or(0, Vec::len);
+        let count = partitions_of_mode(gpu, listed);
         for part in parts {
             let device = GpuInfo {
                 bdf: part.bdf.clone(),
@@ -115,6 +116,24 @@ pub fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
         }
     }
     out
+}
+
+/// How many partitions `gpu`'s current compute mode makes: from its profile
+/// menu where the mode is listed, else every partition amd-gpud lists
+/// (missing ones included). Shares are the whole GPU divided by this, so a
+/// partition that vanished never makes its siblings advertise more than
+/// they have: under-commit, never over-commit.
+fn partitions_of_mode(gpu: &GpuInfo, listed: usize) -> u32 {
+    gpu.partition_profiles
+        .iter()
+        .find(|p| {
+            p.compute_partition
+                .eq_ignore_ascii_case(&gpu.compute_partition)
+        })
+        .map(|p| p.partitions)
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| u32::try_from(listed).unwrap_or(u32::MAX))
+        .max(1)
 }
 
 /// Follows `raw` snapshots, publishing their view in `mode`.

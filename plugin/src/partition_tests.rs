@@ -73,7 +73,8 @@ fn each_live_partition_replaces_its_gpu() {
     let first = &view.gpus[0];
     assert_eq!(
         (first.compute_units, first.vram_bytes),
-        (304 / 7, (192 << 30) / 7)
+        (304 / 8, (192 << 30) / 8),
+        "a vanished sibling leaves the shares as CPX makes them"
     );
     assert!(
         first.rocr_uuid.is_empty(),
@@ -83,6 +84,29 @@ fn each_live_partition_replaces_its_gpu() {
     assert!(view.is_partition("0000:05:00.3") && !view.is_partition("0000:83:00.0"));
     assert_eq!(view.partitions["0000:05:00.3"][0].render_minor, 131);
     assert!(!ids.iter().any(|id| id.contains([',', ':', ';'])));
+}
+
+/// The profile menu says how many partitions the mode makes, even when
+/// amd-gpud lists fewer (a switch in progress), and division floors.
+#[test]
+fn shares_follow_the_mode_from_the_profile_menu_floored() {
+    let mut snapshot = node();
+    snapshot.gpus[0].compute_units = 302;
+    snapshot.gpus[0].partition_profiles = vec![ipc::types::PartitionProfile {
+        index: 3,
+        compute_partition: "CPX".into(),
+        memory_partitions: vec!["NPS1".into()],
+        partitions: 8,
+        xcc_per_partition: 1,
+    }];
+    snapshot
+        .partitions
+        .get_mut("0000:05:00.0")
+        .unwrap()
+        .truncate(5);
+    let view = view(&snapshot, OperatingMode::Partition);
+    assert_eq!(view.gpus[0].compute_units, 37, "302 / 8, floored");
+    assert_eq!(view.gpus[0].vram_bytes, (192 << 30) / 8);
 }
 
 #[test]

@@ -28,3 +28,25 @@ pub fn mi300x(bdf: &str, rocr_uuid: &str) -> GpuInfo {
         partition_profiles: vec![],
     }
 }
+
+/// Partition `index` of the GPU at `gpu_bdf`, healthy, with DRM minors
+/// `card` and `128 + index`.
+pub fn partition(gpu_bdf: &str, index: u32, card: i32) -> ipc::types::PartitionInfo {
+    ipc::types::PartitionInfo {
+        index,
+        kfd_node: 2 + index,
+        gpu_id: 100 + u64::from(index),
+        render_minor: 128 + index,
+        card_minor: card,
+        bdf: gpu_bdf.into(),
+        compute_units: 38,
+        num_xcc: 1,
+        vram_bytes: 24 << 30,
+        xcp: -1,
+        gpu: ipc::gpu_path(gpu_bdf),
+        health: ipc::HEALTHY.into(),
+        restore_props: std::collections::BTreeMap::new(),
+        restore_links: vec![],
+        health_reason: String::new(),
+    }
+}

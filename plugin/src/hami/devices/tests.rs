@@ -119,7 +119,10 @@ fn fields_after_the_fourth_are_ignored() {
     assert_eq!(parse("A,T,1,2,x,y:;").unwrap(), four);
     assert_eq!(parse("A,T,1,2,:;").unwrap(), four);
     let err = parse("A,T,1,x,3:;").unwrap_err().to_string();
-    assert!(err.contains("cuCount \"x\""), "the four are still checked: {err}");
+    assert!(
+        err.contains("cuCount \"x\""),
+        "the four are still checked: {err}"
+    );
 }
 
 /// Each malformed value, the container index, the fragment and a reason word.
