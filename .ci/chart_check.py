@@ -322,6 +322,18 @@ EXPECTED_RULES = [
 ]
 
 
+# Values as the seed (and HAMi's Go chart) documents them: accepted, and
+# rendered to what the plugin understands.
+SEED_SPELLINGS: dict[str, Any] = {
+    "dp": {
+        "dmemBackend": True,
+        "healthPulse": 0,
+        "allocatorPolicy": "binpack",
+        "muslFailClosed": {"enabled": False},
+    },
+}
+
+
 def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
     dp = values["dp"]
     kubelet = values["kubeletRootDir"]
@@ -330,7 +342,9 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "AMDGPU_DP_KUBE": "auto",
         "AMDGPU_DP_SPLIT_COUNT": str(dp["splitCount"]),
         "AMDGPU_DP_ALLOCATOR_POLICY": dp["allocatorPolicy"],
-        "AMDGPU_DP_DMEM_BACKEND": dp["dmemBackend"],
+        # A YAML boolean (the seed chart's spelling) renders as "true"/"false".
+        "AMDGPU_DP_DMEM_BACKEND": (str(dp["dmemBackend"]).lower()
+                                   if isinstance(dp["dmemBackend"], bool) else dp["dmemBackend"]),
         "AMDGPU_DP_CDI": "true" if dp["cdi"]["enabled"] else "false",
         "AMDGPU_DP_ANNOTATIONS_PROTECTED":
             "true" if values["validatingAdmissionPolicy"]["enabled"] else "false",
@@ -561,7 +575,9 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
 BAD_VALUES = [
     {"bogus": 1},
     {"dp": {"bogus": 1}},
-    {"dp": {"allocatorPolicy": "binpack"}},
+    {"dp": {"allocatorPolicy": "firstfit"}},
+    {"dp": {"healthPulse": -1}},
+    {"dp": {"muslFailClosed": {"enabled": "no"}}},
     {"dp": {"dmemBackend": "yes"}},
     {"dp": {"operatingMode": "Partition"}},
     {"dp": {"computePartition": "cpx"}},
@@ -659,6 +675,12 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
             check("needs Kubernetes 1.30" in str(err),
                   f"the admission policy refuses to render for Kubernetes {version}", str(err))
     try:
+        render(chart, {"dp": {"muslFailClosed": {"enabled": True}}})
+        bad("dp.muslFailClosed.enabled=true renders, and would do nothing")
+    except helm.HelmRenderError as err:
+        check("not implemented" in str(err),
+              "dp.muslFailClosed.enabled=true fails the install, saying why", str(err))
+    try:
         render(chart, {"podLabels": {"app.kubernetes.io/name": "x"}})
         bad("podLabels may override the selector labels")
     except helm.HelmRenderError:
@@ -697,6 +719,7 @@ def main() -> int:
         ds = check_value_set(chart, "defaults", None, exceptions)
         features = yaml.safe_load((CHART / "ci" / "all-features-values.yaml").read_text())
         check_value_set(chart, "all-features (ci/all-features-values.yaml)", features, exceptions)
+        check_value_set(chart, "the seed's spellings", SEED_SPELLINGS, exceptions)
         if ds is not None:
             self_tests(chart, ds, exceptions)
         else:

@@ -132,8 +132,10 @@ pub struct Cli {
     )]
     pub metrics_address: MetricsAddress,
     /// Seconds between full re-reads of amd-gpud's inventory and health,
-    /// besides its change signals (a missed signal costs at most one pulse).
-    #[arg(long, env = "AMDGPU_DP_HEALTH_PULSE", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600), value_name = "SECS")]
+    /// besides its change signals (a missed signal costs at most one pulse);
+    /// 0 turns these re-reads off, and health then follows amd-gpud's
+    /// signals alone.
+    #[arg(long, env = "AMDGPU_DP_HEALTH_PULSE", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600), value_name = "SECS")]
     pub health_pulse: u64,
     /// Seconds amd-gpud may stay unreachable before the plugin says why, once,
     /// in its log and in a Warning Event on the Node (amd-gpud may simply
@@ -145,11 +147,11 @@ pub struct Cli {
     pub log: String,
 }
 
-/// Default `--metrics-address`: loopback, port 9410. Anyone who can reach
+/// Default `--metrics-address`: loopback, port 9400 (the chart's port too). Anyone who can reach
 /// the port can connect, so a plugin started by hand (or on a host network)
 /// serves it to no one else until told; the chart binds every address of the
 /// pod's own network namespace, behind its NetworkPolicy.
-pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9410";
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9400";
 
 /// `--metrics-address`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,11 +206,14 @@ impl FromStr for DmemMode {
     type Err = String;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
+        // `true` and `false` are the seed chart's spelling (`dp.dmemBackend`).
         match value {
             "auto" => Ok(Self::Auto),
-            "on" => Ok(Self::On),
-            "off" => Ok(Self::Off),
-            other => Err(format!("--dmem-backend is auto, on or off, not {other:?}")),
+            "on" | "true" => Ok(Self::On),
+            "off" | "false" => Ok(Self::Off),
+            other => Err(format!(
+                "--dmem-backend is auto, on (or true) or off (or false), not {other:?}"
+            )),
         }
     }
 }
@@ -269,15 +274,29 @@ mod tests {
             (cli.dmem_backend, cli.pod_resources()),
             (DmemMode::On, None)
         );
+        for (value, mode) in [("true", DmemMode::On), ("false", DmemMode::Off)] {
+            let cli = Cli::parse_from(["x", "--dmem-backend", value]);
+            assert_eq!(cli.dmem_backend, mode, "the seed chart's {value}");
+        }
+        let cli = Cli::parse_from(["x", "--allocator-policy", "binpack"]);
+        assert_eq!(
+            cli.allocator_policy,
+            Policy::BestEffort,
+            "binpack is an alias"
+        );
+        assert_eq!(
+            Cli::parse_from(["x", "--health-pulse", "0"]).health_pulse,
+            0
+        );
         let err = Cli::try_parse_from(["x", "--dmem-backend", "yes"]).unwrap_err();
         assert!(err.to_string().contains("\"yes\""), "{err}");
         assert_eq!(
             Cli::parse_from(["x"]).metrics_address,
-            MetricsAddress::At("127.0.0.1:9410".parse().unwrap())
+            MetricsAddress::At("127.0.0.1:9400".parse().unwrap())
         );
         let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
         assert_eq!(cli.metrics_address, MetricsAddress::None);
-        let err = Cli::try_parse_from(["x", "--metrics-address", "9410"]).unwrap_err();
+        let err = Cli::try_parse_from(["x", "--metrics-address", "9400"]).unwrap_err();
         assert!(err.to_string().contains("ADDRESS:PORT"), "{err}");
     }
 }

@@ -139,7 +139,8 @@ fn kind(reach: &Reach) -> Option<&'static str> {
 
 /// Starts following amd-gpud; the receivers always hold the latest snapshot
 /// and reach. Besides the signals, the whole inventory (health included) is
-/// read again every `pulse`, so that a missed signal costs at most one pulse.
+/// read again every `pulse`, so that a missed signal costs at most one pulse;
+/// a zero pulse reads on signals only.
 pub fn spawn(bus: Bus, pulse: Duration) -> Followed {
     let (snapshots, snapshots_rx) = watch::channel(Snapshot::default());
     let (reach, reach_rx) = watch::channel(Reach::default());
@@ -222,13 +223,10 @@ async fn session(bus: &Bus, feeds: &Feeds, pulse: Duration) -> Result<(), Sessio
     } else {
         refresh(&conn, &node, feeds).await;
     }
-    let mut resync = tokio::time::interval(pulse.max(Duration::from_secs(1)));
-    // A read that timed out must not be followed by a burst of catch-up reads.
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    resync.tick().await;
+    let mut resync = Resync::every(pulse).await;
     loop {
         tokio::select! {
-            _ = resync.tick() => refresh(&conn, &node, feeds).await,
+            () = resync.tick() => refresh(&conn, &node, feeds).await,
             () = conn.closed() => return Err(SessionError::BusLost),
             owner = owners.next() => {
                 let appeared = owner
@@ -250,6 +248,31 @@ async fn session(bus: &Bus, feeds: &Feeds, pulse: Duration) -> Result<(), Sessio
                 debug!("InventoryChanged");
                 refresh(&conn, &node, feeds).await;
             }
+        }
+    }
+}
+
+/// The pulse of full re-reads; a zero pulse never ticks (signals only).
+struct Resync(Option<tokio::time::Interval>);
+
+impl Resync {
+    async fn every(pulse: Duration) -> Self {
+        if pulse.is_zero() {
+            return Self(None);
+        }
+        let mut interval = tokio::time::interval(pulse.max(Duration::from_secs(1)));
+        // A read that timed out must not be followed by a burst of catch-up reads.
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.tick().await;
+        Self(Some(interval))
+    }
+
+    async fn tick(&mut self) {
+        match &mut self.0 {
+            Some(interval) => {
+                interval.tick().await;
+            }
+            None => std::future::pending().await,
         }
     }
 }
