@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use common::world::{Gpu, NODE, Setup, World, grant, pod_annotation, world, world_with};
 use serde_json::{Value, json};
-use tests::hami_emulator::{HamiEmulator, encode};
+use tests::{
+    apiserver::Kind,
+    hami_emulator::{HamiEmulator, encode},
+};
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -79,6 +82,41 @@ fn a_forged_pod_without_a_gpu_request_is_not_taken_for_the_admitted_one() {
         );
         assert_eq!(bind_phase(&w, "honest").as_deref(), Some("success"));
         assert_eq!(bind_phase(&w, "forger").as_deref(), Some("allocating"));
+    });
+}
+
+/// A pod that also asks for another vendor's GPU: that vendor's plugin
+/// allocated first, marked it `bind-phase: success` and released the node
+/// lock. Its AMD entry is still pending, so it is still the pod kubelet is
+/// admitting, and gets its grant.
+#[test]
+fn a_pod_another_vendor_marked_success_still_gets_its_amd_grant() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, async {
+        let w = world().await;
+        let g = w.gpus[1].clone();
+        bind_without_lock(&w, "mixed", &g, 2000);
+        let mut pod = w.api.get(Kind::Pod, "default", "mixed").unwrap();
+        pod["metadata"]["annotations"]["hami.io/bind-phase"] = json!("success");
+        w.api.put_pod(pod);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let answer = w.kubelet.allocate(vec![format!("{}#0", g.id)]).await;
+        let answer = answer.unwrap();
+        assert_eq!(
+            answer.envs.get("HSA_CU_MASK").map(String::as_str),
+            Some("0:0-37"),
+            "{:?}",
+            answer.envs
+        );
+        assert_eq!(bind_phase(&w, "mixed").as_deref(), Some("success"));
+        let left = pod_annotation(&w.api, "mixed", "hami.io/amd-devices-to-allocate");
+        assert!(
+            left.as_deref()
+                .is_none_or(|v| v.trim_matches(';').is_empty()),
+            "the AMD entry is taken: {left:?}"
+        );
     });
 }
 

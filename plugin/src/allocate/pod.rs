@@ -158,10 +158,19 @@ fn fallback_candidate(pod: &Pod, wanted: Wanted<'_>) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
         && bound_here
         && a.contains_key(BIND_TIME_KEY)
-        && a.get(BIND_PHASE_KEY).map(String::as_str) == Some("allocating")
+        && binding_phase(a.get(BIND_PHASE_KEY).map(String::as_str))
         && a.get(VGPU_NODE_KEY).map(String::as_str) == Some(wanted.node_name)
         && next_entry_len(pod) == Some(wanted.count)
         && asks_for(pod, wanted.resource, wanted.count)
+}
+
+/// Whether `bind-phase` lets the pod still be bound: HAMi's `allocating`,
+/// or `success` written by another vendor's plugin that allocated its own
+/// devices of the pod first and released the node lock (HAMi's Go plugins
+/// mark success when their part is done); the pod's pending AMD entry,
+/// checked beside this, says our part is not.
+fn binding_phase(phase: Option<&str>) -> bool {
+    matches!(phase, Some("allocating" | "success"))
 }
 
 /// Whether a container (init or app) of `pod` asks for exactly `count`
