@@ -22,6 +22,9 @@ pub struct HostPaths {
     pub kubelet: PathBuf,
     /// Where generated CDI specs go (`/var/run/cdi`).
     pub cdi: PathBuf,
+    /// amd-gpud's own state (`/var/lib/amd-gpud`, the unit's
+    /// `StateDirectory=`).
+    pub state: PathBuf,
 }
 
 impl HostPaths {
@@ -37,6 +40,7 @@ impl HostPaths {
             proc: root.join("proc"),
             kubelet: root.join("var/lib/kubelet"),
             cdi: root.join("var/run/cdi"),
+            state: root.join("var/lib/amd-gpud"),
             sys,
         }
     }

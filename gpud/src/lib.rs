@@ -18,6 +18,7 @@ pub mod inspect;
 pub mod inventory;
 pub mod partition;
 pub mod pci;
+pub mod published_ids;
 pub mod restore_check;
 pub mod service;
 pub mod topology;

@@ -151,6 +151,8 @@ pub trait Gpu {
     #[zbus(property, name = "AmdSmiUuid")]
     fn amdsmi_uuid(&self) -> zbus::Result<String>;
     #[zbus(property)]
+    fn published_id(&self) -> zbus::Result<String>;
+    #[zbus(property)]
     fn vendor_id(&self) -> zbus::Result<u32>;
     #[zbus(property)]
     fn device_id(&self) -> zbus::Result<u32>;

@@ -73,6 +73,9 @@ pub struct GpuInfo {
     pub numa_node: i32,
     pub market_name: String,
     pub amdsmi_uuid: String,
+    /// The ID the GPU is published under, kept across AMD SMI failures and
+    /// restarts; empty from an amd-gpud too old to say.
+    pub published_id: String,
     pub vendor_id: u32,
     pub device_id: u32,
     /// Empty when the GPU has no compute partitions.
@@ -130,6 +133,20 @@ where
     T::try_from(value).map_err(|e| ApiError::Failed(format!("property {name}: {e}")))
 }
 
+/// As [`take`], for a property an older amd-gpud does not have: absent is
+/// the default, mistyped is still an error.
+fn take_newer<T>(props: &mut HashMap<String, OwnedValue>, name: &str) -> Result<T, ApiError>
+where
+    T: TryFrom<OwnedValue> + Default,
+    T::Error: std::fmt::Display,
+{
+    if props.contains_key(name) {
+        take(props, name)
+    } else {
+        Ok(T::default())
+    }
+}
+
 impl GpuInfo {
     /// Every property with its wire name, in `GetAll` order (the inverse of
     /// [`GpuInfo::from_properties`]).
@@ -145,6 +162,7 @@ impl GpuInfo {
             ("NumaNode", self.numa_node.into()),
             ("MarketName", self.market_name.clone().into()),
             ("AmdSmiUuid", self.amdsmi_uuid.clone().into()),
+            ("PublishedId", self.published_id.clone().into()),
             ("VendorId", self.vendor_id.into()),
             ("DeviceId", self.device_id.into()),
             ("ComputePartition", self.compute_partition.clone().into()),
@@ -177,6 +195,7 @@ impl GpuInfo {
             numa_node: take(&mut p, "NumaNode")?,
             market_name: take(&mut p, "MarketName")?,
             amdsmi_uuid: take(&mut p, "AmdSmiUuid")?,
+            published_id: take_newer(&mut p, "PublishedId")?,
             vendor_id: take(&mut p, "VendorId")?,
             device_id: take(&mut p, "DeviceId")?,
             compute_partition: take(&mut p, "ComputePartition")?,
@@ -268,6 +287,7 @@ mod tests {
             numa_node: -1,
             market_name: String::new(),
             amdsmi_uuid: String::new(),
+            published_id: "GPU-0123456789abcdef".into(),
             vendor_id: 0x1002,
             device_id: 0x74a1,
             compute_partition: "SPX".into(),

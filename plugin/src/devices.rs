@@ -29,10 +29,15 @@ pub struct DeviceTable {
     pub topology: Vec<GpuTopology>,
 }
 
-/// The id a GPU is known by to kubelet and HAMi.
+/// The id a GPU is known by to kubelet and HAMi: the one amd-gpud publishes
+/// it under (chosen once and kept across AMD SMI failures and restarts,
+/// gpud/src/published_ids.rs); from an amd-gpud too old to say, the AMD SMI
+/// UUID, the ROCr UUID or the PCI address, whichever is there.
 pub fn gpu_id(gpu: &GpuInfo) -> String {
     let clean = |s: &str| !s.is_empty() && !s.contains([',', ':', ';', '#']);
-    if clean(&gpu.amdsmi_uuid) {
+    if clean(&gpu.published_id) {
+        gpu.published_id.clone()
+    } else if clean(&gpu.amdsmi_uuid) {
         gpu.amdsmi_uuid.clone()
     } else if clean(&gpu.rocr_uuid) {
         gpu.rocr_uuid.clone()

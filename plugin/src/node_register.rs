@@ -213,6 +213,7 @@ mod tests {
             numa_node: 1,
             market_name: "AMD Instinct MI300X".into(),
             amdsmi_uuid: String::new(),
+            published_id: String::new(),
             vendor_id: 0x1002,
             device_id: 0x74a1,
             compute_partition: "SPX".into(),

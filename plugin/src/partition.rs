@@ -99,6 +99,7 @@ pub fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
                 bdf: part.bdf.clone(),
                 rocr_uuid: String::new(),
                 amdsmi_uuid: partition_id(gpu, &gpu.compute_partition, part.index),
+                published_id: partition_id(gpu, &gpu.compute_partition, part.index),
                 compute_units: gpu.compute_units / count,
                 vram_bytes: gpu.vram_bytes / u64::from(count),
                 health: if part.health == ipc::HEALTHY {

@@ -16,6 +16,7 @@ pub fn mi300x(bdf: &str, rocr_uuid: &str) -> GpuInfo {
         numa_node: 0,
         market_name: "AMD Instinct MI300X".into(),
         amdsmi_uuid: String::new(),
+        published_id: String::new(),
         vendor_id: 0x1002,
         device_id: 0x74a1,
         compute_partition: String::new(),

@@ -64,6 +64,12 @@ impl GpuObject {
     fn amdsmi_uuid(&self) -> String {
         self.view.amdsmi_uuid.clone()
     }
+    /// The ID the GPU is published under: chosen the first time amd-gpud
+    /// saw it and kept across AMD SMI failures and restarts.
+    #[zbus(property)]
+    fn published_id(&self) -> String {
+        self.view.published_id.clone()
+    }
     /// PCI vendor id (0x1002).
     #[zbus(property)]
     fn vendor_id(&self) -> u32 {

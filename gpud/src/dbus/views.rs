@@ -62,6 +62,7 @@ pub fn gpu_view(gpu: &Gpu, shown: &Shown, registry: &Registry) -> GpuView {
         numa_node: signed(gpu.numa_node),
         market_name: gpu.market_name.clone().unwrap_or_default(),
         amdsmi_uuid: gpu.amdsmi_uuid.clone().unwrap_or_default(),
+        published_id: gpu.published_id.clone().unwrap_or_default(),
         vendor_id: narrow(gpu.vendor_id),
         device_id: narrow(gpu.device_id),
         compute_partition: gpu.compute_partition.clone().unwrap_or_default(),

@@ -240,6 +240,7 @@ fn build_gpu(
             .or_else(|| linked_cpu_node(first.node, topology)),
         market_name: None,
         amdsmi_uuid: None,
+        published_id: None,
         compute_partition: pci
             .compute_partition
             .clone()

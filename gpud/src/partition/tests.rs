@@ -35,6 +35,7 @@ fn gpu(mode: &str, partitions: u32) -> Gpu {
         numa_node: Some(0),
         market_name: Some("AMD Instinct MI300X".into()),
         amdsmi_uuid: None,
+        published_id: None,
         compute_partition: Some(mode.into()),
         memory_partition: Some("NPS1".into()),
         available_compute_partitions: vec!["SPX".into(), "DPX".into(), "QPX".into(), "CPX".into()],

@@ -26,6 +26,7 @@ use crate::{
     health::{HealthConfig, Monitor},
     hostpaths::HostPaths,
     inventory::{AmdSmiSummary, Inventory},
+    published_ids::PublishedIds,
     topology::TopologyError,
 };
 
@@ -62,6 +63,8 @@ pub struct Service {
     meta: Meta,
     amdsmi: Option<AmdSmiReport>,
     dmem: Arc<Dmem>,
+    /// The IDs GPUs are published under (internally synchronized).
+    ids: Arc<PublishedIds>,
     health: Monitor<ObjectKey>,
     /// When a `Rescan` call last probed AMD SMI.
     requested_probe: Option<Instant>,
@@ -76,7 +79,9 @@ impl Service {
             dmem: dmem.status(),
             ..Meta::default()
         };
+        let ids = Arc::new(PublishedIds::load(&config.paths.state));
         Self {
+            ids,
             health: Monitor::new(config.health.params),
             config,
             registry: Registry::default(),

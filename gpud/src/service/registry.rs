@@ -199,6 +199,7 @@ mod tests {
             numa_node: None,
             market_name: None,
             amdsmi_uuid: None,
+            published_id: None,
             compute_partition: None,
             memory_partition: None,
             available_compute_partitions: vec![],

@@ -20,6 +20,7 @@ use crate::{
     dmem::{self, Dmem},
     hostpaths::HostPaths,
     inventory::{self, AmdSmiSummary, Inventory},
+    published_ids::PublishedIds,
     topology::TopologyError,
 };
 
@@ -34,6 +35,7 @@ pub struct ScanPlan {
     paths: HostPaths,
     amdsmi_config: AmdSmiConfig,
     dmem: Arc<Dmem>,
+    ids: Arc<PublishedIds>,
     /// Probe AMD SMI before reading sysfs.
     probe: bool,
     /// Whether the caller asked for the probe (no second one when the KFD
@@ -62,6 +64,7 @@ impl Service {
             paths: self.config.paths.clone(),
             amdsmi_config: self.config.amdsmi.clone(),
             dmem: self.dmem.clone(),
+            ids: self.ids.clone(),
             probe: reprobe || first || self.amdsmi_fatal(),
             reprobe,
             first,
@@ -126,6 +129,8 @@ impl ScanPlan {
             probed = Some(inventory::probe_amdsmi(&self.amdsmi_config));
             inventory = inventory::discover(&self.paths, report(&probed).as_ref())?;
         }
+        // Off the service lock too: a GPU seen for the first time writes its ID.
+        self.ids.stamp(&mut inventory);
         Ok(Scanned {
             inventory,
             probed,

@@ -1,0 +1,161 @@
+use super::*;
+use crate::inventory::Gpu;
+
+fn gpu(bdf: &str, unique_id: u64, amdsmi: Option<&str>) -> Gpu {
+    Gpu {
+        bdf: bdf.parse().unwrap(),
+        rocr_uuid: (unique_id != 0).then(|| format!("GPU-{unique_id:016x}")),
+        unique_id,
+        gfx: None,
+        compute_units: 304,
+        cus_per_wgp: 1,
+        vram_bytes: 1 << 30,
+        numa_node: None,
+        market_name: None,
+        amdsmi_uuid: amdsmi.map(str::to_owned),
+        published_id: None,
+        compute_partition: None,
+        memory_partition: None,
+        available_compute_partitions: vec![],
+        available_memory_partitions: vec![],
+        vendor_id: 0x1002,
+        device_id: 0x74a1,
+        hive_id: 0,
+        partition_profile: None,
+        partition_profiles: vec![],
+        partitions: vec![],
+        links: vec![],
+    }
+}
+
+fn inventory(gpus: Vec<Gpu>) -> Inventory {
+    Inventory {
+        gpus,
+        cpus: vec![],
+        generation_id: None,
+        amdsmi: crate::inventory::AmdSmiSummary::default(),
+        warnings: vec![],
+    }
+}
+
+fn ids(inventory: &Inventory) -> Vec<String> {
+    inventory
+        .gpus
+        .iter()
+        .map(|g| g.published_id.clone().unwrap())
+        .collect()
+}
+
+const UUID: &str = "6eff74a1-0000-1000-80aa-d3b1c6a5e0ff";
+
+#[test]
+fn the_first_id_stays_when_amd_smi_fails_comes_back_or_amd_gpud_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_smi = || inventory(vec![gpu("0000:05:00.0", 0x8ecb, Some(UUID))]);
+    let without = || inventory(vec![gpu("0000:05:00.0", 0x8ecb, None)]);
+    let store = PublishedIds::load(dir.path());
+    let mut first = with_smi();
+    store.stamp(&mut first);
+    assert_eq!(ids(&first), [UUID]);
+    let mut failed = without();
+    store.stamp(&mut failed);
+    assert_eq!(ids(&failed), [UUID], "the probe failed: same ID");
+    // A restart reads the file.
+    let restarted = PublishedIds::load(dir.path());
+    let mut again = without();
+    restarted.stamp(&mut again);
+    assert_eq!(ids(&again), [UUID]);
+    // Without the file the ID would change: the file is what keeps it.
+    let fresh = PublishedIds::load(tempfile::tempdir().unwrap().path());
+    let mut other = without();
+    fresh.stamp(&mut other);
+    assert_eq!(ids(&other), ["GPU-0000000000008ecb"]);
+}
+
+#[test]
+fn an_id_first_chosen_without_amd_smi_is_kept_when_it_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = PublishedIds::load(dir.path());
+    let mut inv = inventory(vec![gpu("0000:05:00.0", 0x8ecb, None)]);
+    store.stamp(&mut inv);
+    let mut later = inventory(vec![gpu("0000:05:00.0", 0x8ecb, Some(UUID))]);
+    store.stamp(&mut later);
+    assert_eq!(ids(&later), ["GPU-0000000000008ecb"]);
+}
+
+#[test]
+fn a_gpu_replaced_at_its_address_gets_its_own_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = PublishedIds::load(dir.path());
+    let mut inv = inventory(vec![gpu("0000:05:00.0", 0x8ecb, None)]);
+    store.stamp(&mut inv);
+    let mut replaced = inventory(vec![gpu("0000:05:00.0", 0x1234, None)]);
+    store.stamp(&mut replaced);
+    assert_eq!(ids(&replaced), ["GPU-0000000000001234"]);
+    let text = std::fs::read_to_string(dir.path().join(FILE_NAME)).unwrap();
+    assert!(
+        !text.contains("8ecb"),
+        "the old GPU's entry is gone: {text}"
+    );
+}
+
+#[test]
+fn apus_without_unique_id_and_clashing_ids_fall_back_to_the_pci_address() {
+    let mut entries = Vec::new();
+    let apu = gpu("0000:c1:00.0", 0, None);
+    assert_eq!(assign(&mut entries, &apu).0, "amdgpu-0000-c1-00-0");
+    // Two GPUs reporting the same AMD SMI UUID: the second is not given it.
+    let a = gpu("0000:05:00.0", 1, Some(UUID));
+    let b = gpu("0000:15:00.0", 2, Some(UUID));
+    assert_eq!(assign(&mut entries, &a).0, UUID);
+    assert_eq!(assign(&mut entries, &b).0, "GPU-0000000000000002");
+    // An ID with HAMi's separators is never published.
+    let odd = gpu("0000:25:00.0", 0, Some("a,b"));
+    assert_eq!(assign(&mut entries, &odd).0, "amdgpu-0000-25-00-0");
+}
+
+#[test]
+fn a_bad_file_is_moved_aside_and_the_ids_chosen_afresh() {
+    for bad in [
+        &b"{not json"[..],
+        br#"{"version":9,"devices":[]}"#,
+        br#"{"version":1,"devices":[{"bdf":"0000:05:00.0","unique_id":"1","id":"a;b"}]}"#,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(FILE_NAME), bad).unwrap();
+        let store = PublishedIds::load(dir.path());
+        assert!(dir.path().join("published-ids.json.bad").exists());
+        let mut inv = inventory(vec![gpu("0000:05:00.0", 1, None)]);
+        store.stamp(&mut inv);
+        assert_eq!(ids(&inv), ["GPU-0000000000000001"]);
+        let written = read(&dir.path().join(FILE_NAME)).unwrap();
+        assert_eq!(written.len(), 1, "a good file replaced it");
+    }
+}
+
+#[test]
+fn an_oversized_file_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(FILE_NAME);
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(MAX_FILE_BYTES + 1).unwrap();
+    let err = read(&path).unwrap_err();
+    assert!(matches!(err, IdsError::TooLarge { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn nothing_is_written_when_no_id_is_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = PublishedIds::load(dir.path());
+    let mut inv = inventory(vec![gpu("0000:05:00.0", 1, None)]);
+    store.stamp(&mut inv);
+    let path = dir.path().join(FILE_NAME);
+    std::fs::remove_file(&path).unwrap();
+    store.stamp(&mut inv);
+    assert!(!path.exists(), "no write for known IDs");
+    assert!(!dir.path().join("published-ids.json.tmp").exists());
+}
