@@ -13,6 +13,7 @@ pub mod allocate;
 pub mod allocator;
 pub mod config;
 pub mod cu;
+pub mod device_ids;
 pub mod devices;
 pub mod gpud_client;
 pub mod gpud_reach;

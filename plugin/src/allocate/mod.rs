@@ -41,6 +41,7 @@ use tracing::{info, warn};
 
 use crate::{
     cu::CuBitmap,
+    device_ids::Aliases,
     devices::gpu_id,
     gpud_client::Snapshot,
     hami::{CU_ALLOCATED_KEY, ContainerDevice, TO_ALLOCATE_KEY, pop_next},
@@ -376,6 +377,11 @@ impl Allocator {
             );
             return Err(AllocateError::new(Reason::DeviceCount, message));
         }
+        let mut entry = entry;
+        let aliases = Aliases::of(&self.snapshots.borrow());
+        crate::device_ids::rename_current(&aliases, &mut entry).map_err(|err| {
+            AllocateError::new(Reason::UnknownGpu, format!("HAMi assigned {err}"))
+        })?;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
         let slices = self.slices(&entry, pods, &mut reuse)?;
         let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
@@ -396,11 +402,14 @@ impl Allocator {
         reuse: &mut reuse::Reuse,
     ) -> Result<Vec<response::Slice>, AllocateError> {
         let snapshot = self.snapshots.borrow();
-        let totals = snapshot
-            .gpus
-            .iter()
-            .map(|g| (gpu_id(g), g.compute_units))
-            .collect();
+        let totals = occupancy::Totals {
+            cus: snapshot
+                .gpus
+                .iter()
+                .map(|g| (gpu_id(g), g.compute_units))
+                .collect(),
+            aliases: Aliases::of(&snapshot),
+        };
         let mut occupancy = self
             .ours
             .with_recorded(|ours| self.claims.rebuild(pods, &totals, ours));

@@ -22,14 +22,31 @@ use tracing::warn;
 use super::reuse;
 use crate::{
     cu::CuBitmap,
+    device_ids::{Aliases, Unresolved},
     hami::{
         ALLOCATED_KEY, CU_ALLOCATED_KEY, CuList, DevicesAnnotation, parse_cu_allocated,
         parse_pod_devices,
     },
 };
 
-/// GPU id -> (CU count) of the GPUs on this node.
-pub type Totals = HashMap<String, u32>;
+/// The GPUs of this node: CU count by current ID, and every older name of
+/// each ([`Aliases`]), so that a record keyed by an older name (HAMi's Go
+/// plugin's, an older amd-gpud's) counts on the device it names.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub cus: HashMap<String, u32>,
+    pub aliases: Aliases,
+}
+
+impl FromIterator<(String, u32)> for Totals {
+    /// CU counts by ID, without older names.
+    fn from_iter<I: IntoIterator<Item = (String, u32)>>(iter: I) -> Self {
+        Self {
+            cus: iter.into_iter().collect(),
+            aliases: Aliases::default(),
+        }
+    }
+}
 
 fn terminal(pod: &Pod) -> bool {
     matches!(
@@ -46,8 +63,8 @@ fn age_key(pod: &Pod) -> (Option<&k8s_openapi::jiff::Timestamp>, Option<&str>) {
     )
 }
 
-/// CUs HAMi granted `pod` per GPU id, summed over its containers.
-fn granted_cus(pod: &Pod) -> HashMap<String, u32> {
+/// CUs HAMi granted `pod` per current GPU id, summed over its containers.
+fn granted_cus(pod: &Pod, aliases: &Aliases) -> HashMap<String, u32> {
     let mut granted = HashMap::new();
     let Some(value) = pod.annotations().get(ALLOCATED_KEY) else {
         return granted;
@@ -56,7 +73,9 @@ fn granted_cus(pod: &Pod) -> HashMap<String, u32> {
         return granted;
     };
     for device in containers.iter().flatten() {
-        let sum: &mut u32 = granted.entry(device.uuid.clone()).or_default();
+        let sum: &mut u32 = granted
+            .entry(aliases.current_or_same(&device.uuid))
+            .or_default();
         *sum = sum.saturating_add(device.usedcores);
     }
     granted
@@ -201,6 +220,7 @@ impl Claims {
         // whole seconds).
         ordered.sort_by(|a, b| (a.0, a.1, &a.3.age.1).cmp(&(b.0, b.1, &b.3.age.1)));
         let mut maps: Vec<(String, CuBitmap)> = totals
+            .cus
             .iter()
             .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
             .collect();
@@ -247,7 +267,7 @@ fn judge(pod: &Pod, totals: &Totals, resource: Option<&str>) -> Judged {
         Some(value) => parse_cu_allocated(value)
             .map_err(|err| err.to_string())
             .map(|claims| {
-                let granted = granted_cus(pod);
+                let granted = granted_cus(pod, &totals.aliases);
                 claims
                     .0
                     .iter()
@@ -268,10 +288,18 @@ fn judge_gpu(
     pod: &Pod,
     totals: &Totals,
     granted: &HashMap<String, u32>,
-    gpu: &str,
+    named: &str,
     list: &CuList,
 ) -> GpuClaim {
-    let Some(&total) = totals.get(gpu) else {
+    let gpu = match totals.aliases.resolve(named) {
+        Ok(current) => current,
+        Err(err @ Unresolved::Ambiguous { .. }) => {
+            return GpuClaim::Refused(format!("it claims CUs on {err}"));
+        }
+        Err(Unresolved::Unknown { .. }) => named.to_owned(),
+    };
+    let gpu = gpu.as_str();
+    let Some(&total) = totals.cus.get(gpu) else {
         return GpuClaim::Refused(format!(
             "it claims CUs on GPU {gpu}, which this node does not have"
         ));
@@ -356,157 +384,8 @@ fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]
 }
 
 #[cfg(test)]
-mod tests {
-    use k8s_openapi::api::core::v1::Pod;
-
-    use super::*;
-
-    fn pod(name: &str, created: &str, allocated: &str, claimed: &str) -> Arc<Pod> {
-        let value = serde_json::json!({
-            "metadata": {
-                "name": name, "namespace": "default", "creationTimestamp": created,
-                "annotations": {ALLOCATED_KEY: allocated, CU_ALLOCATED_KEY: claimed}
-            },
-            "status": {"phase": "Running"}
-        });
-        Arc::new(serde_json::from_value(value).unwrap())
-    }
-
-    /// One GPU `A` of 304 CUs (an MI300X).
-    fn one_gpu() -> Totals {
-        [("A".to_owned(), 304)].into_iter().collect()
-    }
-
-    fn free(maps: &HashMap<String, CuBitmap>) -> u32 {
-        maps["A"].free_count()
-    }
-
-    #[test]
-    fn honest_claims_count_and_forged_ones_do_not() {
-        let totals = one_gpu();
-        let honest = pod(
-            "a",
-            "2026-11-29T08:00:00Z",
-            "A,T,1024,76:;",
-            r#"{"A":"0-75"}"#,
-        );
-        // Claims more than granted, a GPU not granted, and an overlap with an older pod.
-        let greedy = pod(
-            "b",
-            "2026-11-29T08:01:00Z",
-            "A,T,1024,10:;",
-            r#"{"A":"100-199"}"#,
-        );
-        let stranger = pod(
-            "c",
-            "2026-11-29T08:02:00Z",
-            "B,T,1024,10:;",
-            r#"{"A":"200-209"}"#,
-        );
-        let overlap = pod(
-            "d",
-            "2026-11-29T08:03:00Z",
-            "A,T,1024,10:;",
-            r#"{"A":"70-79"}"#,
-        );
-        let garbage = pod("e", "2026-11-29T08:04:00Z", "A,T,1024,10:;", "not json");
-        let rebuilt = Claims::default().rebuild(
-            &[honest, greedy, stranger, overlap, garbage],
-            &totals,
-            &|_| false,
-        );
-        let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["b", "c", "d", "e"], "each forged claim is reported");
-        let maps = rebuilt.maps;
-        assert_eq!(
-            free(&maps),
-            304 - 80,
-            "the honest claim and the overlap's union"
-        );
-        assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
-    }
-
-    #[test]
-    fn a_kept_judgement_serves_only_the_same_pod_version() {
-        let totals = one_gpu();
-        let claims = Claims::default();
-        let first = pod(
-            "a",
-            "2026-11-29T08:00:00Z",
-            "A,T,1024,76:;",
-            r#"{"A":"0-75"}"#,
-        );
-        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
-        assert_eq!(free(&rebuilt.maps), 304 - 76);
-        let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
-        assert_eq!(free(&rebuilt.maps), 304 - 76, "kept, same answer");
-        // Another version (a new object), even with the same resourceVersion
-        // (the plugin's record puts values back that way), is judged again.
-        let mut edited = (*first).clone();
-        edited
-            .annotations_mut()
-            .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-199"}"#.into());
-        let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false);
-        assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
-        assert_eq!(free(&rebuilt.maps), 304);
-        assert_eq!(claims.0.lock().unwrap().kept.len(), 1, "one per cached pod");
-        claims.rebuild(&[], &totals, &|_| false);
-        assert!(
-            claims.0.lock().unwrap().kept.is_empty(),
-            "gone with the pod"
-        );
-    }
-
-    #[test]
-    fn a_claim_that_overlaps_another_counts_with_it_and_is_reported() {
-        let totals = one_gpu();
-        let older = pod(
-            "g",
-            "2026-11-29T08:00:00Z",
-            "A,T,1024,6:;",
-            r#"{"A":"250-255"}"#,
-        );
-        let newer = pod(
-            "f",
-            "2026-11-29T08:01:00Z",
-            "A,T,1024,20:;",
-            r#"{"A":"200-209,250-259"}"#,
-        );
-        let pods = [Arc::clone(&newer), Arc::clone(&older)];
-        let rebuilt = Claims::default().rebuild(&pods, &totals, &|_| false);
-        assert_eq!(rebuilt.distrusted.len(), 1);
-        assert_eq!(
-            rebuilt.distrusted[0].name, "f",
-            "the newer claim is reported"
-        );
-        let map = &rebuilt.maps["A"];
-        assert!(!map.is_free(200) && !map.is_free(259), "both claims count");
-        assert_eq!(map.free_count(), 304 - 20);
-        // A stale pod (gone from the API, still cached) overlapping a claim of
-        // ours: ours comes first, the other is the one reported.
-        let ours = |p: &Pod| p.metadata.name.as_deref() == Some("f");
-        let rebuilt = Claims::default().rebuild(&pods, &totals, &ours);
-        assert_eq!(rebuilt.distrusted[0].name, "g");
-        assert_eq!(rebuilt.maps["A"].free_count(), 304 - 20);
-    }
-
-    #[test]
-    fn finished_pods_release_their_cus() {
-        let totals = one_gpu();
-        let done = pod(
-            "a",
-            "2026-11-29T08:00:00Z",
-            "A,T,1024,76:;",
-            r#"{"A":"0-75"}"#,
-        );
-        let mut finished = (*done).clone();
-        finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        let maps = Claims::default()
-            .rebuild(&[Arc::new(finished)], &totals, &|_| false)
-            .maps;
-        assert_eq!(free(&maps), 304);
-    }
-}
+#[path = "occupancy_tests.rs"]
+mod tests;
 
 #[cfg(test)]
 #[path = "occupancy_forged_tests.rs"]

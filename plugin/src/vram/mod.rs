@@ -188,17 +188,17 @@ pub fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64
     let containers =
         parse_pod_devices(DevicesAnnotation::Allocated, value).map_err(|e| e.to_string())?;
     let mut limits = BTreeMap::new();
+    // A grant made under an older name of a device counts on that device.
+    let aliases = crate::device_ids::Aliases::of(snapshot);
     for device in containers.iter().flatten() {
+        let current = aliases
+            .resolve(&device.uuid)
+            .map_err(|err| format!("{ALLOCATED_KEY} names {err}"))?;
         let gpu = snapshot
             .gpus
             .iter()
-            .find(|g| gpu_id(g) == device.uuid)
-            .ok_or_else(|| {
-                format!(
-                    "{ALLOCATED_KEY} names GPU {:?}, not on this node",
-                    device.uuid
-                )
-            })?;
+            .find(|g| gpu_id(g) == current)
+            .ok_or_else(|| format!("{ALLOCATED_KEY} names GPU {current:?}, not on this node"))?;
         let bytes = u64::from(device.usedmem)
             .checked_mul(MIB)
             .ok_or_else(|| format!("{} MiB does not fit in bytes", device.usedmem))?;

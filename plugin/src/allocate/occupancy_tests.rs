@@ -1,0 +1,230 @@
+use k8s_openapi::api::core::v1::Pod;
+
+use super::*;
+
+fn pod(name: &str, created: &str, allocated: &str, claimed: &str) -> Arc<Pod> {
+    let value = serde_json::json!({
+        "metadata": {
+            "name": name, "namespace": "default", "creationTimestamp": created,
+            "annotations": {ALLOCATED_KEY: allocated, CU_ALLOCATED_KEY: claimed}
+        },
+        "status": {"phase": "Running"}
+    });
+    Arc::new(serde_json::from_value(value).unwrap())
+}
+
+/// One GPU `A` of 304 CUs (an MI300X).
+fn one_gpu() -> Totals {
+    [("A".to_owned(), 304)].into_iter().collect()
+}
+
+fn free(maps: &HashMap<String, CuBitmap>) -> u32 {
+    maps["A"].free_count()
+}
+
+#[test]
+fn honest_claims_count_and_forged_ones_do_not() {
+    let totals = one_gpu();
+    let honest = pod(
+        "a",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
+    );
+    // Claims more than granted, a GPU not granted, and an overlap with an older pod.
+    let greedy = pod(
+        "b",
+        "2026-11-29T08:01:00Z",
+        "A,T,1024,10:;",
+        r#"{"A":"100-199"}"#,
+    );
+    let stranger = pod(
+        "c",
+        "2026-11-29T08:02:00Z",
+        "B,T,1024,10:;",
+        r#"{"A":"200-209"}"#,
+    );
+    let overlap = pod(
+        "d",
+        "2026-11-29T08:03:00Z",
+        "A,T,1024,10:;",
+        r#"{"A":"70-79"}"#,
+    );
+    let garbage = pod("e", "2026-11-29T08:04:00Z", "A,T,1024,10:;", "not json");
+    let rebuilt = Claims::default().rebuild(
+        &[honest, greedy, stranger, overlap, garbage],
+        &totals,
+        &|_| false,
+    );
+    let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["b", "c", "d", "e"], "each forged claim is reported");
+    let maps = rebuilt.maps;
+    assert_eq!(
+        free(&maps),
+        304 - 80,
+        "the honest claim and the overlap's union"
+    );
+    assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
+}
+
+#[test]
+fn a_kept_judgement_serves_only_the_same_pod_version() {
+    let totals = one_gpu();
+    let claims = Claims::default();
+    let first = pod(
+        "a",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
+    );
+    let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
+    assert_eq!(free(&rebuilt.maps), 304 - 76);
+    let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
+    assert_eq!(free(&rebuilt.maps), 304 - 76, "kept, same answer");
+    // Another version (a new object), even with the same resourceVersion
+    // (the plugin's record puts values back that way), is judged again.
+    let mut edited = (*first).clone();
+    edited
+        .annotations_mut()
+        .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-199"}"#.into());
+    let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false);
+    assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
+    assert_eq!(free(&rebuilt.maps), 304);
+    assert_eq!(claims.0.lock().unwrap().kept.len(), 1, "one per cached pod");
+    claims.rebuild(&[], &totals, &|_| false);
+    assert!(
+        claims.0.lock().unwrap().kept.is_empty(),
+        "gone with the pod"
+    );
+}
+
+#[test]
+fn a_claim_that_overlaps_another_counts_with_it_and_is_reported() {
+    let totals = one_gpu();
+    let older = pod(
+        "g",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,6:;",
+        r#"{"A":"250-255"}"#,
+    );
+    let newer = pod(
+        "f",
+        "2026-11-29T08:01:00Z",
+        "A,T,1024,20:;",
+        r#"{"A":"200-209,250-259"}"#,
+    );
+    let pods = [Arc::clone(&newer), Arc::clone(&older)];
+    let rebuilt = Claims::default().rebuild(&pods, &totals, &|_| false);
+    assert_eq!(rebuilt.distrusted.len(), 1);
+    assert_eq!(
+        rebuilt.distrusted[0].name, "f",
+        "the newer claim is reported"
+    );
+    let map = &rebuilt.maps["A"];
+    assert!(!map.is_free(200) && !map.is_free(259), "both claims count");
+    assert_eq!(map.free_count(), 304 - 20);
+    // A stale pod (gone from the API, still cached) overlapping a claim of
+    // ours: ours comes first, the other is the one reported.
+    let ours = |p: &Pod| p.metadata.name.as_deref() == Some("f");
+    let rebuilt = Claims::default().rebuild(&pods, &totals, &ours);
+    assert_eq!(rebuilt.distrusted[0].name, "g");
+    assert_eq!(rebuilt.maps["A"].free_count(), 304 - 20);
+}
+
+#[test]
+fn finished_pods_release_their_cus() {
+    let totals = one_gpu();
+    let done = pod(
+        "a",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
+    );
+    let mut finished = (*done).clone();
+    finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let maps = Claims::default()
+        .rebuild(&[Arc::new(finished)], &totals, &|_| false)
+        .maps;
+    assert_eq!(free(&maps), 304);
+}
+
+/// A node upgraded from HAMi's Go AMD plugin: running pods hold grants and
+/// CU records keyed by that plugin's IDs, in its exact format (the AMD SMI
+/// UUID of a whole GPU, `{"<uuid>":"<ID list>"}`), while the GPU is now
+/// published under another ID. Their CUs still count on that GPU, so none
+/// is granted twice.
+#[test]
+fn records_in_the_go_plugins_format_count_on_the_gpu_they_name() {
+    const GO_ID: &str = "8eff74a1-0000-1000-80aa-d3b1c6a5e0ff";
+    let mut gpu = crate::testutil::mi300x("0000:05:00.0", "GPU-8ecb9de71e8aa497");
+    gpu.published_id = "GPU-8ecb9de71e8aa497".into();
+    gpu.amdsmi_uuid = GO_ID.into();
+    let snapshot = crate::gpud_client::Snapshot {
+        gpus: vec![gpu],
+        connected: true,
+        ..crate::gpud_client::Snapshot::default()
+    };
+    let totals = Totals {
+        cus: [("GPU-8ecb9de71e8aa497".to_owned(), 304)]
+            .into_iter()
+            .collect(),
+        aliases: Aliases::of(&snapshot),
+    };
+    let go = pod(
+        "from-go",
+        "2026-11-29T08:00:00Z",
+        &format!("{GO_ID},AMD Instinct MI300X,16384,76:;"),
+        &format!(r#"{{"{GO_ID}":"0-75"}}"#),
+    );
+    let ours = pod(
+        "ours",
+        "2026-11-29T09:00:00Z",
+        "GPU-8ecb9de71e8aa497,AMD Instinct MI300X,16384,76:;",
+        r#"{"GPU-8ecb9de71e8aa497":"76-151"}"#,
+    );
+    let rebuilt = Claims::default().rebuild(&[go, ours], &totals, &|_| false);
+    assert!(rebuilt.distrusted.is_empty(), "{:?}", rebuilt.distrusted);
+    let map = &rebuilt.maps["GPU-8ecb9de71e8aa497"];
+    assert_eq!(map.free_count(), 304 - 152, "both records count");
+    assert_eq!(map.choose(76, 1).unwrap(), vec![152..228], "after both");
+    assert_eq!(rebuilt.holders("GPU-8ecb9de71e8aa497").len(), 2);
+}
+
+/// A record under a name that several devices share is not guessed onto
+/// one of them: it is reported, naming the candidates.
+#[test]
+fn a_record_under_an_ambiguous_name_is_refused_with_the_candidates() {
+    let mut parts = Vec::new();
+    for i in 0..2 {
+        let mut p = crate::testutil::mi300x(&format!("0000:05:00.{i}"), "");
+        p.published_id = format!("X-cpx{i}");
+        p.unique_id = "1".into();
+        p.compute_partition = "CPX".into();
+        parts.push(p);
+    }
+    let snapshot = crate::gpud_client::Snapshot {
+        parents: parts
+            .iter()
+            .map(|p| (p.bdf.clone(), "0000:05:00.0".to_owned()))
+            .collect(),
+        gpus: parts,
+        connected: true,
+        ..crate::gpud_client::Snapshot::default()
+    };
+    let totals = Totals {
+        cus: [("X-cpx0".to_owned(), 38), ("X-cpx1".to_owned(), 38)]
+            .into_iter()
+            .collect(),
+        aliases: Aliases::of(&snapshot),
+    };
+    let go = pod(
+        "from-go",
+        "2026-11-29T08:00:00Z",
+        "GPU-0000000000000001#cpx,T,1024,38:;",
+        r#"{"GPU-0000000000000001#cpx":"0-37"}"#,
+    );
+    let rebuilt = Claims::default().rebuild(&[go], &totals, &|_| false);
+    let reason = &rebuilt.distrusted[0].reason;
+    assert!(reason.contains("X-cpx0, X-cpx1"), "{reason}");
+    assert!(reason.contains("cannot tell which"), "{reason}");
+}

@@ -1,0 +1,141 @@
+//! Every name a device of this node has been published under, resolved to
+//! the one it has now.
+//!
+//! HAMi's pod annotations carry device IDs as they were published when the
+//! pod was placed. A node upgraded from HAMi's Go AMD plugin holds grants
+//! and CU records keyed by that plugin's IDs: the AMD SMI UUID for a whole
+//! GPU, and for a partition `GPU-<unique_id>` or `<rocr-uuid>#<mode>`
+//! (Project-HAMi/amd-device-plugin:internal/pkg/plugin/plugin.go). Our own
+//! IDs (amd-gpud's `PublishedId`, `<id>-<mode><n>` for partitions) may
+//! differ, and an older amd-gpud published the ROCr UUID or
+//! `amdgpu-<pci address>` instead. [`Aliases`] maps each of these forms to
+//! the current ID, so that no record is lost and no CU is granted twice
+//! under two names. A form that names several devices (the eight CPX
+//! partitions of an MI300X share one `unique_id`) is refused with the
+//! candidates, never guessed.
+
+use std::collections::{BTreeSet, HashMap};
+
+use ipc::types::GpuInfo;
+
+use crate::{devices::gpu_id, gpud_client::Snapshot, hami::ContainerDevice};
+
+/// Why an ID names no single device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    #[error("device {id:?} is not on this node")]
+    Unknown { id: String },
+    #[error(
+        "device {id:?} names {} devices on this node ({}); cannot tell which",
+        candidates.len(),
+        candidates.join(", ")
+    )]
+    Ambiguous { id: String, candidates: Vec<String> },
+}
+
+/// Alias -> the current IDs it can name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Aliases {
+    current: BTreeSet<String>,
+    others: HashMap<String, BTreeSet<String>>,
+}
+
+impl Aliases {
+    /// The aliases of every device of `snapshot` (the view kubelet and
+    /// HAMi see: partitions replace their GPU in partition mode).
+    pub fn of(snapshot: &Snapshot) -> Self {
+        let mut aliases = Self::default();
+        for device in &snapshot.gpus {
+            let id = gpu_id(device);
+            aliases.current.insert(id.clone());
+            for other in older_names(device, snapshot.is_partition(&device.bdf)) {
+                aliases.others.entry(other).or_default().insert(id.clone());
+            }
+        }
+        aliases
+    }
+
+    /// The current ID `id` names: itself when it is one, else the single
+    /// device it is an older name of.
+    ///
+    /// # Errors
+    /// When it names no device or several.
+    pub fn resolve(&self, id: &str) -> Result<String, Unresolved> {
+        if self.current.contains(id) {
+            return Ok(id.to_owned());
+        }
+        let candidates = self
+            .others
+            .get(id)
+            .map(|c| c.iter().cloned().collect::<Vec<_>>());
+        match candidates.as_deref() {
+            Some([one]) => Ok(one.clone()),
+            Some(many) if !many.is_empty() => Err(Unresolved::Ambiguous {
+                id: id.to_owned(),
+                candidates: many.to_vec(),
+            }),
+            _ => Err(Unresolved::Unknown { id: id.to_owned() }),
+        }
+    }
+
+    /// `id` resolved, or `id` itself when it names no single device (the
+    /// caller then reports it as not on this node).
+    pub fn current_or_same(&self, id: &str) -> String {
+        self.resolve(id).unwrap_or_else(|_| id.to_owned())
+    }
+}
+
+/// Renames each device of `entry` (a HAMi grant) to its current ID, so that
+/// a grant made under an older name is served on the device it names. A
+/// name no device has is left as it is (the caller reports the GPU
+/// missing).
+///
+/// # Errors
+/// [`Unresolved::Ambiguous`] for a name several devices share.
+pub fn rename_current(aliases: &Aliases, entry: &mut [ContainerDevice]) -> Result<(), Unresolved> {
+    for device in entry {
+        match aliases.resolve(&device.uuid) {
+            Ok(current) => device.uuid = current,
+            Err(err @ Unresolved::Ambiguous { .. }) => return Err(err),
+            Err(Unresolved::Unknown { .. }) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The names `device` may have been published under before.
+fn older_names(device: &GpuInfo, partition: bool) -> Vec<String> {
+    let mut names = vec![format!("amdgpu-{}", device.bdf.replace([':', '.'], "-"))];
+    let mut push = |s: &str| {
+        if !s.is_empty() {
+            names.push(s.to_owned());
+        }
+    };
+    if partition {
+        // A partition device carries its parent's unique_id; the Go
+        // plugin's partition IDs are built from it and the mode.
+        if let Some(rocr) = rocr_uuid(&device.unique_id) {
+            for mode in [
+                device.compute_partition.to_ascii_lowercase(),
+                device.compute_partition.to_ascii_uppercase(),
+            ] {
+                push(&format!("{rocr}#{mode}"));
+            }
+            push(&rocr);
+        }
+    } else {
+        push(&device.amdsmi_uuid);
+        push(&device.rocr_uuid);
+    }
+    names
+}
+
+/// ROCr's `GPU-<16 hex digits>` of a decimal `unique_id`; none for 0.
+fn rocr_uuid(unique_id: &str) -> Option<String> {
+    let id: u64 = unique_id.parse().ok().filter(|id| *id != 0)?;
+    Some(format!("GPU-{id:016x}"))
+}
+
+#[cfg(test)]
+#[path = "device_ids_tests.rs"]
+mod tests;

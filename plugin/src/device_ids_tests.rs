@@ -1,0 +1,101 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::{
+    partition::{self, OperatingMode},
+    testutil,
+};
+
+const UUID: &str = "6eff74a1-0000-1000-80aa-d3b1c6a5e0ff";
+
+fn whole() -> Snapshot {
+    let mut gpu = testutil::mi300x("0000:05:00.0", "GPU-8ecb9de71e8aa497");
+    gpu.published_id = UUID.into();
+    gpu.amdsmi_uuid = UUID.into();
+    gpu.unique_id = u64::from_str_radix("8ecb9de71e8aa497", 16)
+        .unwrap()
+        .to_string();
+    Snapshot {
+        partitions: BTreeMap::from([(gpu.bdf.clone(), vec![])]),
+        gpus: vec![gpu],
+        connected: true,
+        ..Snapshot::default()
+    }
+}
+
+#[test]
+fn every_form_a_whole_gpu_was_published_under_names_it() {
+    let aliases = Aliases::of(&whole());
+    for old in [UUID, "GPU-8ecb9de71e8aa497", "amdgpu-0000-05-00-0"] {
+        assert_eq!(aliases.resolve(old).as_deref(), Ok(UUID), "{old}");
+    }
+    assert_eq!(
+        aliases.resolve("GPU-ffff"),
+        Err(Unresolved::Unknown {
+            id: "GPU-ffff".into()
+        })
+    );
+}
+
+#[test]
+fn a_go_partition_id_that_names_eight_partitions_is_refused_with_them() {
+    let mut node = whole();
+    node.gpus[0].compute_partition = "CPX".into();
+    let parts = (0..8)
+        .map(|i| testutil::partition(&format!("0000:05:00.{i}"), i, 0))
+        .collect();
+    node.partitions.insert("0000:05:00.0".into(), parts);
+    let view = partition::view(&node, OperatingMode::Partition);
+    let aliases = Aliases::of(&view);
+    let current = format!("{UUID}-cpx3");
+    assert_eq!(aliases.resolve(&current).as_deref(), Ok(current.as_str()));
+    for old in ["GPU-8ecb9de71e8aa497", "GPU-8ecb9de71e8aa497#cpx"] {
+        let err = aliases.resolve(old).unwrap_err();
+        let Unresolved::Ambiguous { candidates, .. } = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(candidates.len(), 8, "{err}");
+        assert!(err.to_string().contains(&format!("{UUID}-cpx0")), "{err}");
+    }
+    // Each partition's own PCI function still names exactly one.
+    assert_eq!(
+        aliases.resolve("amdgpu-0000-05-00-3").as_deref(),
+        Ok(current.as_str())
+    );
+}
+
+#[test]
+fn a_single_partition_named_the_go_way_resolves() {
+    let mut node = whole();
+    node.gpus[0].compute_partition = "SPX".into();
+    node.partitions.insert(
+        "0000:05:00.0".into(),
+        vec![testutil::partition("0000:05:00.0", 0, 0)],
+    );
+    let view = partition::view(&node, OperatingMode::Partition);
+    let aliases = Aliases::of(&view);
+    let want = format!("{UUID}-spx0");
+    assert_eq!(
+        aliases.resolve("GPU-8ecb9de71e8aa497#spx").as_deref(),
+        Ok(want.as_str())
+    );
+    assert_eq!(
+        aliases.resolve("GPU-8ecb9de71e8aa497").as_deref(),
+        Ok(want.as_str())
+    );
+}
+
+#[test]
+fn a_grant_under_an_older_name_is_served_under_the_current_one() {
+    let aliases = Aliases::of(&whole());
+    let device = |uuid: &str| ContainerDevice {
+        uuid: uuid.into(),
+        device_type: "AMD Instinct MI300X".into(),
+        usedmem: 1024,
+        usedcores: 38,
+    };
+    let mut entry = vec![device("GPU-8ecb9de71e8aa497"), device("GPU-elsewhere")];
+    rename_current(&aliases, &mut entry).unwrap();
+    assert_eq!(entry[0].uuid, UUID);
+    assert_eq!(entry[1].uuid, "GPU-elsewhere", "left for the caller to report");
+}
