@@ -97,5 +97,8 @@ fn a_grant_under_an_older_name_is_served_under_the_current_one() {
     let mut entry = vec![device("GPU-8ecb9de71e8aa497"), device("GPU-elsewhere")];
     rename_current(&aliases, &mut entry).unwrap();
     assert_eq!(entry[0].uuid, UUID);
-    assert_eq!(entry[1].uuid, "GPU-elsewhere", "left for the caller to report");
+    assert_eq!(
+        entry[1].uuid, "GPU-elsewhere",
+        "left for the caller to report"
+    );
 }

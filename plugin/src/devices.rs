@@ -57,6 +57,20 @@ pub fn default_split(gfx: &str) -> u32 {
     if major >= 12 { 2 } else { 10 }
 }
 
+/// Kubelet devices (and HAMi's `count`) of a whole GPU: the split count
+/// (0: the per-GPU default), but never more than the GPU's allocation units
+/// (CUs, or WGPs on gfx10+). A slot that can get no CU of its own cannot
+/// be served: a 2-CU gfx10 iGPU has one WGP, so it offers one slot, not 10.
+pub fn slots_of(gpu: &GpuInfo, split_count: u32) -> u32 {
+    let wanted = if split_count == 0 {
+        default_split(&gpu.gfx)
+    } else {
+        split_count
+    };
+    let units = gpu.compute_units / gpu.cus_per_wgp.max(1);
+    wanted.min(units.max(1))
+}
+
 impl DeviceTable {
     /// Builds the table; `split_count` 0 means the per-GPU default.
     pub fn build(snapshot: &Snapshot, split_count: u32) -> Self {
@@ -70,10 +84,8 @@ impl DeviceTable {
             let id = gpu_id(gpu);
             let count = if snapshot.is_partition(&gpu.bdf) {
                 1
-            } else if split_count == 0 {
-                default_split(&gpu.gfx)
             } else {
-                split_count
+                slots_of(gpu, split_count)
             };
             let numa = (gpu.numa_node >= 0).then_some(i64::from(gpu.numa_node));
             let healthy = gpu.health == ipc::HEALTHY;
@@ -109,6 +121,19 @@ impl DeviceTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_offers_no_more_slots_than_it_has_cu_units() {
+        let mut igpu = crate::testutil::mi300x("0000:7c:00.0", "");
+        (igpu.gfx, igpu.compute_units, igpu.cus_per_wgp) = ("gfx1036".into(), 2, 2);
+        assert_eq!(slots_of(&igpu, 0), 1, "one WGP, one slot");
+        assert_eq!(slots_of(&igpu, 4), 1, "an explicit split too");
+        igpu.compute_units = 8;
+        assert_eq!(slots_of(&igpu, 0), 4);
+        let mi300x = crate::testutil::mi300x("0000:05:00.0", "GPU-1");
+        assert_eq!(slots_of(&mi300x, 0), 10);
+        assert_eq!(slots_of(&mi300x, 304), 304);
+    }
 
     #[test]
     fn split_defaults_follow_the_gfx_major() {

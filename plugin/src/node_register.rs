@@ -9,7 +9,7 @@
 use ipc::types::GpuInfo;
 
 use crate::{
-    devices::{default_split, gpu_id},
+    devices::{gpu_id, slots_of},
     gpud_client::Snapshot,
     hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
 };
@@ -19,11 +19,7 @@ const MIB: u64 = 1024 * 1024;
 /// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
 /// graceful stop).
 pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
-    let count = if split_count == 0 {
-        default_split(&gpu.gfx)
-    } else {
-        split_count
-    };
+    let count = slots_of(gpu, split_count);
     let mut info = DeviceInfo {
         id: gpu_id(gpu),
         count: i32::try_from(count).unwrap_or(i32::MAX),
@@ -169,6 +165,7 @@ pub fn annotation(
                 info.mode = gpu.compute_partition.to_ascii_lowercase();
             }
             info.index = card_minor(snapshot, gpu);
+            add_rocr_selection(&mut info, gpu);
             add_profiles(&mut info, gpu);
             add_restore_props(&mut info, snapshot, gpu);
             info
@@ -188,6 +185,23 @@ fn card_minor(snapshot: &Snapshot, gpu: &GpuInfo) -> u32 {
         .and_then(|parts| parts.first())
         .and_then(|p| u32::try_from(p.card_minor).ok())
         .unwrap_or(0)
+}
+
+/// `custominfo.rocrVisibleDevice`: what a container's `ROCR_VISIBLE_DEVICES`
+/// selects the device by. Its ROCr UUID (`GPU-<16 hex>`) when it has one;
+/// `index` for a device without (an APU, whose `unique_id` is 0, or a
+/// compute partition): then every GPU of that container is selected by its
+/// container-local index, its rank among the container's GPUs in KFD
+/// order, since ROCr stops at the first token it cannot parse.
+fn add_rocr_selection(info: &mut DeviceInfo, gpu: &GpuInfo) {
+    let uuid = &gpu.rocr_uuid;
+    let selectable = uuid.len() == 20
+        && uuid.starts_with("GPU-")
+        && uuid[4..].bytes().all(|b| b.is_ascii_hexdigit());
+    let shown = if selectable { uuid.as_str() } else { "index" };
+    info.custominfo
+        .extra
+        .insert("rocrVisibleDevice".to_owned(), shown.into());
 }
 
 /// Whether the node must be patched: only when the wanted value differs from
@@ -285,6 +299,8 @@ mod tests {
         let value = annotation(&snapshot, 0, true).unwrap();
         let parsed = parse_register(&value).unwrap();
         assert_eq!((parsed[0].index, parsed[1].index), (3, 0));
+        let shown = |i: usize| parsed[i].custominfo.extra["rocrVisibleDevice"].clone();
+        assert_eq!(shown(0), "GPU-8ecb9de71e8aa405");
         assert!(value.contains(r#""index":3"#), "{value}");
     }
 

@@ -15,7 +15,7 @@ use common::world::{
     Gpu, NODE, Setup, World, grant, lock, pod_annotation, released, schedule, schedule_containers,
     world, world_on, world_with,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use tests::hami_emulator::HamiEmulator;
 
 #[test]
@@ -374,6 +374,54 @@ async fn fifty_pods() {
 /// An RX 9070 XT (gfx1201: CUs in WGP pairs) next to an iGPU without a ROCr
 /// UUID (`unique_id` 0).
 #[test]
+/// A dGPU and an iGPU without a ROCr UUID in one container: ROCr stops at
+/// the first token it cannot parse, so both are selected by container-local
+/// index (their rank in KFD order), in annotation order; the register
+/// annotation says which devices are selected that way.
+#[test]
+fn an_igpu_second_in_a_container_is_selected_by_index_with_the_dgpu() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), async {
+        let w = world_on("rx9070xt-igpu", 3).await;
+        let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
+        let igpu = w.gpus.iter().find(|g| !g.id.starts_with("GPU-")).unwrap();
+        let shown: Vec<(String, Value)> = w
+            .registered()
+            .into_iter()
+            .map(|d| {
+                let id = d["id"].as_str().unwrap().to_owned();
+                (id, d["custominfo"]["rocrVisibleDevice"].clone())
+            })
+            .collect();
+        assert!(
+            shown.contains(&(igpu.id.clone(), json!("index"))),
+            "{shown:?}"
+        );
+        assert!(
+            shown.contains(&(dgpu.id.clone(), json!(dgpu.rocr_uuid))),
+            "{shown:?}"
+        );
+        schedule(
+            &w.api,
+            "igpu-second",
+            &[(dgpu, 4096, 32), (igpu, 512, 2)],
+            300,
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let ids = vec![format!("{}#0", dgpu.id), format!("{}#0", igpu.id)];
+        let answer = w.kubelet.allocate(ids).await.unwrap();
+        // The dGPU is KFD node 1, the iGPU node 2.
+        assert_eq!(answer.envs["ROCR_VISIBLE_DEVICES"], "0,1");
+        assert_eq!(
+            answer.envs["HSA_CU_MASK"], "0:0-31",
+            "the dGPU's slice only"
+        );
+    });
+}
+
+#[test]
 fn wgp_rounding_and_a_gpu_without_rocr_uuid() {
     if !common::can_run_bus_tests() {
         return;
@@ -382,7 +430,7 @@ fn wgp_rounding_and_a_gpu_without_rocr_uuid() {
 }
 
 async fn radeon() {
-    let w = world_on("rx9070xt-igpu", 12).await;
+    let w = world_on("rx9070xt-igpu", 3).await;
     let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
     let igpu = w.gpus.iter().find(|g| !g.id.starts_with("GPU-")).unwrap();
     // 13 CUs on gfx12: whole WGPs only, rounded down to 12.

@@ -144,7 +144,7 @@ fn without_amd_gpud_the_node_says_why_once_and_then_that_it_is_back() {
         let back = wait_event(&s.api, REACHABLE, Duration::from_secs(30)).await;
         assert_eq!(back["type"], "Normal");
         s.kubelet
-            .wait_devices(Duration::from_secs(20), |d| d.len() == 12)
+            .wait_devices(Duration::from_secs(20), |d| d.len() == 3)
             .await
             .unwrap();
         assert_eq!(node_events(&s.api, UNREACHABLE).len(), 1);

@@ -39,7 +39,7 @@ pub use server::{Exporter, MetricsServerError};
 pub use usage::{GpuUsage, Usage, usage};
 
 use crate::{
-    devices::{default_split, gpu_id},
+    devices::{gpu_id, slots_of},
     gpud_client::Snapshot,
 };
 
@@ -307,10 +307,7 @@ impl Metrics {
                     .get_or_create(&health)
                     .set(i64::from(current));
             }
-            let slots = match split_count {
-                0 => default_split(&gpu.gfx),
-                n => n,
-            };
+            let slots = slots_of(gpu, split_count);
             let used = usage.get(&id).copied().unwrap_or_default();
             let set = |family: &Family<GpuLabels, Gauge>, value: i64| {
                 family.get_or_create(&labels).set(value);
