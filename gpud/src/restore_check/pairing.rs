@@ -116,7 +116,7 @@ impl<'a> Pairing<'a> {
     /// CRIU's link rule: an invalid checkpoint link always matches, an invalid
     /// local one never does; both must point at the same kind of node; XGMI
     /// cannot be served by PCIe; bidirectional needs bidirectional.
-    fn iolink_match(src: &SideLink, dst: &SideLink) -> bool {
+    pub(crate) fn iolink_match(src: &SideLink, dst: &SideLink) -> bool {
         if src.target.is_none() {
             return true;
         }

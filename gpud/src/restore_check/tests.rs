@@ -149,6 +149,8 @@ pub(super) fn image(topo: Topo) -> KfdImage {
         pid: 42,
         format: ImageFormat::Any,
         bo_count: 0,
+        header_entries: u32::try_from(topo.nodes.len()).ok(),
+        gpus_read_as_cpus: Vec::new(),
         topo,
     }
 }

@@ -62,7 +62,7 @@ fn message(topo: &Topo, bos: u32) -> current::CriuKfd {
     current::CriuKfd {
         pid: Some(4242),
         num_of_gpus: u32::try_from(topo.gpu_count()).ok(),
-        num_of_cpus: Some(1),
+        num_of_cpus: u32::try_from(topo.nodes.len() - topo.gpu_count()).ok(),
         device_entries: topo.nodes.iter().map(entry).collect(),
         num_of_bos: Some(u64::from(bos)),
         bo_entries: (0..bos)
