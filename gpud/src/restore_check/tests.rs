@@ -1,6 +1,8 @@
 //! Tests of the restore check on topologies built in code; the images are
 //! covered in `tests/images.rs`, and end to end runs in the `tests` crate.
 
+mod criu_props;
+mod criu_search;
 mod images;
 mod local;
 mod matching;
