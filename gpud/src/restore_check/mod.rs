@@ -1,14 +1,22 @@
 //! "Can this CRIU checkpoint be restored on these GPUs of this node?"
 //!
-//! Reads the amdgpu plugin's `amdgpu-kfd-<id>.img` ([`image`]), builds this
-//! node's topology as the restoring task would see it ([`local`]), and
-//! answers in one of two modes:
+//! Reads the amdgpu plugin's `amdgpu-kfd-<id>.img` ([`image`]) as CRIU
+//! reads it (the header's entry count, an entry with CPU cores as a CPU's),
+//! builds this node's topology as the restoring task would see it
+//! ([`local`]: nodes and links in directory-listing order), and answers in
+//! one of two modes:
 //!
-//! * [`Mode::Criu`]: what CRIU's amdgpu plugin would answer, its search order
-//!   and its hive bookkeeping quirk included ([`criu`]);
-//! * [`Mode::Explain`]: whether any mapping satisfies the same rules, with
-//!   the mapping found or the GPU, property, values and option behind a
-//!   refusal ([`explain`]).
+//! * [`Mode::Criu`]: what CRIU 3.17.1's amdgpu plugin does, replayed list
+//!   operation by list operation ([`criu`]). CRIU's GPU search is a
+//!   backtracking walk that is *not* exhaustive: candidates it tried go back
+//!   at the head of their list while the walk goes on from an entry it read
+//!   before, so it can miss a mapping, go round for ever, or follow a
+//!   poisoned pointer. The outcome is one of restorable, refused (with
+//!   CRIU's log line), CRIU would not finish, CRIU would crash.
+//! * [`Mode::Explain`]: whether any mapping satisfies the same rules, found
+//!   by an exhaustive search ([`explain`]), with the mapping or the GPU,
+//!   property, values and option behind a refusal, CRIU's own outcome
+//!   beside it, and the mapping CRIU's search misses when there is one.
 //!
 //! Transport-neutral: `amd-gpud restore-check` and the D-Bus method
 //! `RestoreCheck` are thin adapters over [`check`].
@@ -55,7 +63,7 @@ use crate::hostpaths::HostPaths;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
-    /// CRIU's answer, quirk included.
+    /// CRIU's outcome, as its own search reaches it.
     Criu,
     /// Whether a mapping exists, and what fails if not.
     #[default]

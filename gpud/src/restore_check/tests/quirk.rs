@@ -1,5 +1,5 @@
-//! CRIU's hive bookkeeping quirk: `criu` mode reproduces it, `explain` mode
-//! does not, and says so.
+//! CRIU's hive bookkeeping (pairs of an abandoned hive try stay in its
+//! maps): `criu` mode reproduces it, `explain` mode does not, and says so.
 
 use super::{TopoBuilder, both, run};
 use crate::restore_check::{
