@@ -130,28 +130,34 @@ fn summary(property: &str) -> &'static str {
     }
 }
 
+/// Why CRIU misses a mapping its checks allow, in the usual case.
+const NOT_EXHAUSTIVE: &str = "its search is not exhaustive: local GPUs tried and given back \
+                              go to the head of the list, and the walk goes on from the entry \
+                              it had read before";
+
 /// Pairs a note names before it counts the rest.
 const NAMED_PAIRS: usize = 8;
 
 /// A mapping passes every check, and CRIU does not restore with it.
 fn missed_note(pairing: &Pairing<'_>, run: &Run, pairs: &Pairs) -> String {
-    let does = match run {
-        Run::Refused(stop) => format!("refuses with \"{}\"", stop.message()),
-        Run::NoFinish { .. } => "never finishes its search".to_owned(),
-        Run::Crash(_) => "crashes".to_owned(),
-        Run::Restorable(_) => "restores".to_owned(),
-    };
-    let why = match run {
-        Run::Refused(Stop::Hives { stuck: true, .. }) => {
+    let refuses = |stop: &Stop| format!("refuses with \"{}\"", stop.message());
+    let (does, why) = match run {
+        Run::Refused(stop @ Stop::Hives { stuck: true, .. }) => (
+            refuses(stop),
             "its hive matching keeps the pairs of an abandoned try, so the order in which \
              hives are listed decides (known quirk)"
-        }
-        Run::Refused(Stop::DeviceCount { .. } | Stop::HiveCount { .. } | Stop::Unreadable)
-        | Run::Crash(_) => "it stops before searching",
-        _ => {
-            "its search is not exhaustive: local GPUs tried and given back go to the head of \
-             the list, and the walk goes on from the entry it had read before"
-        }
+                .to_owned(),
+        ),
+        Run::Refused(
+            stop @ (Stop::DeviceCount { .. } | Stop::HiveCount { .. } | Stop::Unreadable),
+        ) => (refuses(stop), "it stops before searching".to_owned()),
+        Run::Refused(stop) => (refuses(stop), NOT_EXHAUSTIVE.to_owned()),
+        Run::NoFinish { .. } => (
+            "never finishes its search".to_owned(),
+            NOT_EXHAUSTIVE.to_owned(),
+        ),
+        Run::Crash(cause) => ("crashes".to_owned(), cause.message()),
+        Run::Restorable(_) => ("restores".to_owned(), String::new()),
     };
     let entries = verdict::mapping(pairing, pairs);
     let mut mapping: Vec<String> = entries

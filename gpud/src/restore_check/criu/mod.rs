@@ -147,13 +147,15 @@ impl CrashCause {
                 gpus,
                 bytes,
             } => format!(
-                "the name of a {} hive of {gpus} GPUs takes {bytes} bytes, more than the \
-                 200-byte buffer p2pgroup_to_str writes it into",
+                "the name of a {} hive of {gpus} GPUs takes {bytes} bytes, and \
+                 p2pgroup_to_str writes it into a 200-byte static buffer: CRIU writes past \
+                 its end (undefined behaviour)",
                 if *checkpoint { "checkpoint" } else { "local" }
             ),
             Self::ListName { gpus, bytes } => format!(
-                "the names of a list of {gpus} GPUs take {bytes} bytes, more than the 200-byte \
-                 buffer mapping_list_to_str writes them into"
+                "the names of a list of {gpus} GPUs take {bytes} bytes, and \
+                 mapping_list_to_str writes them into a 200-byte static buffer: CRIU writes \
+                 past its end (undefined behaviour)"
             ),
             Self::MissingNode { checkpoint_node } => format!(
                 "checkpoint node {checkpoint_node} has a link to a node the image lacks, and \

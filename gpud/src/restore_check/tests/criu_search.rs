@@ -9,7 +9,8 @@
 
 use super::{TopoBuilder, off, run};
 use crate::restore_check::{
-    Mode, Outcome, Verdict,
+    Mode, Outcome, Request, RestoreCheckError, SearchTooLarge, Verdict, check,
+    criu::CRIU_STEP_LIMIT,
     model::{Link, LinkKind, Topo},
     options::{Check, Options},
 };
@@ -305,4 +306,25 @@ fn names_past_the_print_buffers_crash_criu() {
     assert_eq!(v.outcome, Outcome::Restorable);
     assert_eq!(v.criu_outcome, Some(Outcome::CriuWouldCrash));
     assert!(v.notes.iter().any(|n| n.contains("CRIU crashes")));
+}
+
+/// Twenty identical GPUs and one local GPU with older firmware: CRIU's
+/// walk tries every ordering of the others before it gives up (about 19!
+/// map_device calls) and repeats no state. Past the step limit no verdict
+/// is given.
+#[test]
+fn a_search_too_long_to_follow_is_an_error_not_a_verdict() {
+    let src = many(20, false);
+    let mut dst = many(20, false);
+    dst.nodes[20].props.fw_version -= 1;
+    let request = Request {
+        mode: Mode::Criu,
+        ..Request::default()
+    };
+    let err = check(&super::image(src), &super::local(dst), &request).unwrap_err();
+    assert!(
+        matches!(err, RestoreCheckError::TooLarge(SearchTooLarge { steps }) if steps > CRIU_STEP_LIMIT),
+        "{err}"
+    );
+    assert!(!err.is_invalid_input());
 }
