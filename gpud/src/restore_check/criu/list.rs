@@ -4,8 +4,9 @@
 //! (index `n`). The operations are the header's: `list_add` links an entry
 //! right after the head, `list_add_tail` right before it, `list_del` unlinks
 //! it and writes the poison values into its own pointers
-//! (checkpoint-restore/criu:include/common/list.h:47-61). Following a
-//! poisoned pointer is where CRIU would read unmapped memory: [`Crash`].
+//! (checkpoint-restore/criu:include/common/list.h, `list_add`, `list_del`).
+//! Following a poisoned pointer is where CRIU would read unmapped memory:
+//! [`Crash`].
 //!
 //! [`Cursor`] is `list_for_each_entry_safe` (list.h:231-234): the next entry
 //! is read when the current one is reached, before the loop body runs, so

@@ -17,7 +17,7 @@
 //!    already exists"). A hive that finds nothing goes back at the tail.
 //! 4. Remaining phase: the GPUs not mapped yet, each side's list built by
 //!    prepending (`list_add`, topology.c:1428, :1433), so in reverse.
-//! 5. The GPU search (`map_devices`, topology.c:1207-1240) takes the first
+//! 5. The GPU search (`map_devices`, topology.c:1207) takes the first
 //!    checkpoint GPU off its list and walks the local list with
 //!    `list_for_each_entry_safe`, whose next entry is read before the body
 //!    (checkpoint-restore/criu:include/common/list.h:231-234). A local GPU
