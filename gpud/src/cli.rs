@@ -292,8 +292,9 @@ pub struct RestoreCheckArgs {
     )]
     pub env: Vec<String>,
     /// `explain`: whether any mapping passes CRIU's checks, with the mapping
-    /// or what fails; `criu`: CRIU's own answer, its search order and known
-    /// hive quirk included.
+    /// or what fails, and the mapping CRIU's search misses; `criu`: what
+    /// CRIU 3.17.1's own search does (restorable, refused, would not finish,
+    /// would crash).
     #[arg(
         long,
         env = "GPUD_RESTORE_MODE",

@@ -451,6 +451,8 @@ fn restore_check_answers_over_the_bus_and_refuses_bad_input() {
             .unwrap();
         let v: serde_json::Value = serde_json::from_str(&verdict).unwrap();
         assert_eq!(v["restorable"], true, "{v:#}");
+        assert_eq!(v["outcome"], "restorable");
+        assert_eq!(v["criu_version"], "3.17.1");
         assert_eq!(v["mode"], "criu");
         assert_eq!(v["mapping"].as_array().unwrap().len(), 8);
         // One GPU visible: the counts differ.

@@ -279,15 +279,19 @@ fn a_capture_checkpoint_onto_a_node_with_one_older_firmware_names_it() {
             stdout.contains("KFD_FW_VER_CHECK=0 would relax it"),
             "{stdout}"
         );
-        // CRIU refuses too, and with the check off both accept.
-        let (code, v) = json(&image, node.path(), &["--mode", "criu"]);
-        assert_eq!(code, 1);
-        assert_eq!(v["reason"], "Failed to match all GPU groups");
-        for mode in ["criu", "explain"] {
-            let args = ["--mode", mode, "--env", "KFD_FW_VER_CHECK=0"];
-            let (code, v) = json(&image, node.path(), &args);
-            assert_eq!(code, 0, "{mode}: {v:#}");
-            assert_eq!(v["mapping"].as_array().unwrap().len(), 63);
+        // With the check off a mapping exists. CRIU 3.17.1 never gets to it:
+        // printing the hive of 63 names overflows its 200-byte buffer
+        // (10 + 7 per member + 1 = 452 bytes), check or no check.
+        let args = ["--mode", "explain", "--env", "KFD_FW_VER_CHECK=0"];
+        let (code, v) = json(&image, node.path(), &args);
+        assert_eq!(code, 0, "{v:#}");
+        assert_eq!(v["mapping"].as_array().unwrap().len(), 63);
+        assert_eq!(v["criu_outcome"], "criu-would-crash");
+        for env in ["KFD_FW_VER_CHECK=1", "KFD_FW_VER_CHECK=0"] {
+            let (code, v) = json(&image, node.path(), &["--mode", "criu", "--env", env]);
+            assert_eq!(code, 1, "{v:#}");
+            assert_eq!(v["outcome"], "criu-would-crash");
+            assert_eq!(v["criu_version"], "3.17.1");
         }
     }
 }

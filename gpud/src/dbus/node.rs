@@ -174,7 +174,8 @@ impl NodeObject {
     /// `options`: KFD_*_CHECK variables as CRIU would read them from its
     /// environment. `mode`: "explain" (default when empty) or "criu".
     /// Returns the verdict as JSON, as `amd-gpud restore-check --json`
-    /// prints it. InvalidArgument for an unreadable image, an unknown
+    /// prints it (its `outcome` one of "restorable", "refused",
+    /// "criu-would-not-finish", "criu-would-crash"). InvalidArgument for an unreadable image, an unknown
     /// option, mode or GPU. Root only (the plugin never calls it).
     async fn restore_check(
         &self,

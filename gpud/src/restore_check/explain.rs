@@ -1,5 +1,5 @@
-//! The same question without CRIU's bookkeeping quirk: does any mapping
-//! exist that CRIU's rules allow? And if not, what stands in the way.
+//! The same question without CRIU's search: does any mapping exist that
+//! CRIU's rules allow? And if not, what stands in the way.
 //!
 //! The rules are CRIU's (§1–2 of the restore spec): equal GPU counts, no more
 //! checkpoint hives than local ones, every checkpoint hive inside one local

@@ -61,6 +61,45 @@ pub struct KfdImage {
     pub bo_count: usize,
     /// The nodes the dumping CRIU saw, in entry order.
     pub topo: Topo,
+    /// `num_of_gpus + num_of_cpus` of the header (a 32-bit sum, as CRIU
+    /// adds them); `None` when either is missing.
+    pub header_entries: Option<u32>,
+    /// Nodes with a `gpu_id` whose entry also has `cpu_cores_count` set:
+    /// CRIU reads such an entry as a CPU's and keeps none of its GPU values.
+    pub gpus_read_as_cpus: Vec<u32>,
+}
+
+/// How CRIU reads the device entries of an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryReading {
+    /// The first `n` entries (the header's count), `n` ≤ the entries there.
+    First(usize),
+    /// The header announces more entries than the image holds: CRIU reads
+    /// past the entry array.
+    PastEnd { announced: u32, present: usize },
+    /// A header count is missing: CRIU's schema requires both, so it cannot
+    /// unpack the image.
+    NoCount,
+}
+
+impl KfdImage {
+    /// Which entries CRIU reads: it takes the header's `num_of_gpus +
+    /// num_of_cpus`, not the length of the entry list
+    /// (checkpoint-restore/criu:plugins/amdgpu/amdgpu_plugin.c, the
+    /// `devinfo_to_topology` call of the restore path).
+    pub fn entry_reading(&self) -> EntryReading {
+        let present = self.topo.nodes.len();
+        match self.header_entries {
+            None => EntryReading::NoCount,
+            Some(n) => match usize::try_from(n) {
+                Ok(n) if n <= present => EntryReading::First(n),
+                _ => EntryReading::PastEnd {
+                    announced: n,
+                    present,
+                },
+            },
+        }
+    }
 }
 
 /// Why an image cannot be read.
@@ -241,7 +280,11 @@ pub fn parse(bytes: &[u8], source_name: &str) -> Result<KfdImage, ImageError> {
         }
     };
     let mut nodes: Vec<Node> = Vec::with_capacity(count);
+    let mut gpus_read_as_cpus = Vec::new();
     for (index, entry) in message.device_entries.iter().enumerate() {
+        if entry.cpu_cores_count.unwrap_or(0) != 0 && entry.gpu_id.unwrap_or(0) != 0 {
+            gpus_read_as_cpus.extend(entry.node_id);
+        }
         let node = node(entry).map_err(|field| ImageError::MissingField {
             source_name: err_name(),
             index,
@@ -267,6 +310,11 @@ pub fn parse(bytes: &[u8], source_name: &str) -> Result<KfdImage, ImageError> {
         format,
         bo_count,
         topo: Topo { nodes },
+        header_entries: message
+            .num_of_gpus
+            .zip(message.num_of_cpus)
+            .map(|(g, c)| g.wrapping_add(c)),
+        gpus_read_as_cpus,
     })
 }
 
@@ -306,8 +354,16 @@ fn node(e: &KfdDeviceEntry) -> Result<Node, &'static str> {
         drm_render_minor: req!(drm_render_minor),
         hive_id: req!(hive_id),
     };
-    // Read for completeness: required, but not compared.
-    let _ = (req!(cpu_cores_count), req!(gds_size_in_kb));
+    let _ = req!(gds_size_in_kb);
+    // An entry with CPU cores is read as a CPU's: CRIU copies only the core
+    // count and leaves every GPU value zero, whatever gpu_id says
+    // (checkpoint-restore/criu:plugins/amdgpu/amdgpu_plugin.c,
+    // `devinfo_to_topology`).
+    let props = if req!(cpu_cores_count) == 0 {
+        props
+    } else {
+        GpuProps::default()
+    };
     let mut links = Vec::with_capacity(e.iolinks.len());
     for l in &e.iolinks {
         let kind = l.r#type.ok_or("iolinks.type")?;

@@ -1,7 +1,9 @@
 //! This node's side of a restore: the KFD topology as the restoring task
 //! would see it.
 //!
-//! The plugin walks `nodes/` in directory-listing order and skips a node
+//! The plugin walks `nodes/` and each node's `io_links/` in
+//! directory-listing order (on sysfs a hash order, not numeric) and skips a
+//! node
 //! whose `gpu_id` it cannot read. A container sees only the GPUs its device
 //! cgroup lets it open; CPU nodes are always visible. So the local side is
 //! every CPU node plus the GPUs the caller names (all GPUs when none are
@@ -68,9 +70,11 @@ fn low32(value: u64) -> u32 {
 
 fn convert(node: &KfdNode) -> Option<Node> {
     let gpu_id = low32(node.gpu_id?);
+    // In listing order: CRIU reads io_links/ as readdir returns it
+    // (checkpoint-restore/criu:plugins/amdgpu/amdgpu_plugin_topology.c:628),
+    // which decides the order of hive members (:882-887).
     let links = node
-        .io_links
-        .iter()
+        .io_links_listed()
         .filter_map(|l| {
             let kind = match l.link_type {
                 LinkType::Pcie => LinkKind::Pcie,
@@ -211,5 +215,51 @@ impl LocalTopology {
             .cloned()
             .collect();
         Ok(Topo { nodes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::topology::{IoLink, Properties};
+
+    fn link(index: u32, link_type: LinkType, node_to: u32) -> IoLink {
+        IoLink {
+            index,
+            link_type,
+            node_from: 1,
+            node_to,
+            weight: 0,
+            min_bandwidth: 0,
+            max_bandwidth: 0,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn links_keep_the_listing_order_not_the_index_order() {
+        // io_links/ listed as 2, 0, 1 (kernfs lists by name hash); the
+        // inventory keeps them sorted, CRIU reads them as listed.
+        let node = KfdNode {
+            index: 1,
+            path: PathBuf::from("nodes/1"),
+            gpu_id: Some(0x1234),
+            name: None,
+            properties: Properties::default(),
+            mem_banks: Vec::new(),
+            io_links: vec![
+                link(0, LinkType::Pcie, 0),
+                link(1, LinkType::Xgmi, 3),
+                link(2, LinkType::Xgmi, 2),
+            ],
+            io_links_order: vec![2, 0, 1],
+            p2p_links: Vec::new(),
+        };
+        let to: Vec<u32> = convert(&node).unwrap().links.iter().map(|l| l.to).collect();
+        assert_eq!(to, [2, 0, 3]);
+        let sorted: Vec<u32> = node.io_links.iter().map(|l| l.index).collect();
+        assert_eq!(sorted, [0, 1, 2], "other callers still see index order");
     }
 }

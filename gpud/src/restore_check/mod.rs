@@ -1,18 +1,27 @@
 //! "Can this CRIU checkpoint be restored on these GPUs of this node?"
 //!
-//! Reads the amdgpu plugin's `amdgpu-kfd-<id>.img` ([`image`]), builds this
-//! node's topology as the restoring task would see it ([`local`]), and
-//! answers in one of two modes:
+//! Reads the amdgpu plugin's `amdgpu-kfd-<id>.img` ([`image`]) as CRIU
+//! reads it (the header's entry count, an entry with CPU cores as a CPU's),
+//! builds this node's topology as the restoring task would see it
+//! ([`local`]: nodes and links in directory-listing order), and answers in
+//! one of two modes:
 //!
-//! * [`Mode::Criu`]: what CRIU's amdgpu plugin would answer, its search order
-//!   and its hive bookkeeping quirk included ([`criu`]);
-//! * [`Mode::Explain`]: whether any mapping satisfies the same rules, with
-//!   the mapping found or the GPU, property, values and option behind a
-//!   refusal ([`explain`]).
+//! * [`Mode::Criu`]: what CRIU 3.17.1's amdgpu plugin does, replayed list
+//!   operation by list operation ([`criu`]). CRIU's GPU search is a
+//!   backtracking walk that is *not* exhaustive: candidates it tried go back
+//!   at the head of their list while the walk goes on from an entry it read
+//!   before, so it can miss a mapping, go round for ever, or follow a
+//!   poisoned pointer. The outcome is one of restorable, refused (with
+//!   CRIU's log line), CRIU would not finish, CRIU would crash.
+//! * [`Mode::Explain`]: whether any mapping satisfies the same rules, found
+//!   by an exhaustive search ([`explain`]), with the mapping or the GPU,
+//!   property, values and option behind a refusal, CRIU's own outcome
+//!   beside it, and the mapping CRIU's search misses when there is one.
 //!
 //! Transport-neutral: `amd-gpud restore-check` and the D-Bus method
 //! `RestoreCheck` are thin adapters over [`check`].
 
+mod answers;
 mod bipartite;
 pub mod criu;
 pub mod explain;
@@ -40,21 +49,21 @@ use std::{fmt, str::FromStr};
 
 use serde::Serialize;
 
+use self::pairing::Pairing;
 pub use self::{
     criu::SearchTooLarge,
-    image::{ImageError, ImageFormat, KfdImage},
+    image::{EntryReading, ImageError, ImageFormat, KfdImage},
     local::{LocalError, LocalTopology},
     options::{Check, Options, OptionsError},
-    verdict::Verdict,
+    verdict::{Outcome, Verdict},
 };
-use self::{criu::Stop, explain::Diagnosis, pairing::Pairing};
 use crate::hostpaths::HostPaths;
 
 /// Which question to answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
-    /// CRIU's answer, quirk included.
+    /// CRIU's outcome, as its own search reaches it.
     Criu,
     /// Whether a mapping exists, and what fails if not.
     #[default]
@@ -152,24 +161,41 @@ pub fn check(
     request: &Request,
 ) -> Result<Verdict, RestoreCheckError> {
     let visible = local.visible(&request.gpus)?;
-    let pairing = Pairing::new(&image.topo, &visible, &request.options);
     let mut notes = request.options.notes.clone();
     notes.extend(local.notes.iter().cloned());
-    let (restorable, reason, pairs, diagnoses, criu_restorable) = match request.mode {
-        Mode::Criu => criu_answer(&pairing, &mut notes)?,
-        Mode::Explain => explain_answer(&pairing, &mut notes)?,
+    let (src, before) = criu_view(image, &mut notes);
+    let pairing = Pairing::new(&src, &visible, &request.options);
+    let answer = match request.mode {
+        Mode::Criu => {
+            let run = match before {
+                Some(run) => run,
+                None => criu::run(&pairing)?,
+            };
+            answers::criu(&pairing, run, &mut notes)?
+        }
+        Mode::Explain => {
+            let run = match before {
+                Some(run) => Ok(run),
+                None => criu::run(&pairing),
+            };
+            answers::explain(&pairing, run, &mut notes)?
+        }
     };
-    tracing::debug!(restorable, "restore check done");
+    tracing::debug!(outcome = answer.outcome.as_str(), "restore check done");
     Ok(Verdict {
-        restorable,
+        restorable: answer.outcome == Outcome::Restorable,
+        outcome: answer.outcome,
+        criu_version: criu::CRIU_VERSION,
         mode: request.mode,
-        reason,
-        mapping: verdict::mapping(&pairing, &pairs),
-        refusals: diagnoses
+        reason: answer.reason,
+        mapping: verdict::mapping(&pairing, &answer.pairs),
+        refusals: answer
+            .diagnoses
             .iter()
             .map(|d| verdict::refusal(&pairing, d))
             .collect(),
-        criu_restorable,
+        criu_restorable: answer.criu.map(|o| o == Outcome::Restorable),
+        criu_outcome: answer.criu,
         options: request.options.clone(),
         checkpoint: verdict::CheckpointSummary {
             source: image.source.clone(),
@@ -182,117 +208,51 @@ pub fn check(
     })
 }
 
-type Answer = (
-    bool,
-    Option<String>,
-    Vec<(usize, usize)>,
-    Vec<Diagnosis>,
-    Option<bool>,
-);
-
-fn criu_answer(pairing: &Pairing<'_>, notes: &mut Vec<String>) -> Result<Answer, SearchTooLarge> {
-    match criu::run(pairing)? {
-        Ok(pairs) => Ok((true, None, pairs, Vec::new(), None)),
-        Err(stop) => {
-            let diagnoses = match explain::search(pairing) {
-                Ok(None) => explain::diagnose(pairing)?,
-                Ok(Some(_)) => {
-                    notes.push(quirk_note(&stop));
-                    vec![order_refusal(pairing, &stop)]
-                }
-                Err(too_large) => {
-                    notes.push(format!("no detailed reason: {too_large}"));
-                    Vec::new()
-                }
-            };
-            Ok((false, Some(stop.message()), Vec::new(), diagnoses, None))
-        }
+/// The checkpoint nodes as CRIU reads them from the image, and CRIU's end
+/// when it stops before matching.
+fn criu_view(image: &KfdImage, notes: &mut Vec<String>) -> (model::Topo, Option<criu::Run>) {
+    for node in &image.gpus_read_as_cpus {
+        notes.push(format!(
+            "checkpoint node {node} has a gpu_id and CPU cores: CRIU reads it as a CPU's \
+             entry, with every GPU value zero"
+        ));
     }
-}
-
-fn explain_answer(
-    pairing: &Pairing<'_>,
-    notes: &mut Vec<String>,
-) -> Result<Answer, SearchTooLarge> {
-    let criu = match criu::run(pairing) {
-        Ok(result) => Some(result),
-        Err(too_large) => {
-            notes.push(format!("CRIU's own answer not reproduced: {too_large}"));
-            None
-        }
-    };
-    let criu_ok = criu.as_ref().map(Result::is_ok);
-    match explain::search(pairing)? {
-        Some(pairs) => {
-            if let Some(Err(stop)) = &criu {
-                notes.push(quirk_note(stop));
+    match image.format {
+        ImageFormat::V3_17ToV4_2 => notes.push(
+            "CRIU after 4.2 cannot read this image: its kfd_bo_entry requires a handle, \
+             which CRIU 3.17 to 4.2 do not write"
+                .to_owned(),
+        ),
+        ImageFormat::AfterV4_2 => notes.push(
+            "this image was written by CRIU after 4.2; its restore needs that CRIU, \
+             whose GPU matching is the one replayed here"
+                .to_owned(),
+        ),
+        ImageFormat::Any => {}
+    }
+    let total = image.topo.nodes.len();
+    match image.entry_reading() {
+        EntryReading::First(n) => {
+            if n < total {
+                notes.push(format!(
+                    "the image header counts {n} GPUs and CPUs and {total} device entries \
+                     follow: CRIU reads the first {n}"
+                ));
             }
-            Ok((true, None, pairs, Vec::new(), criu_ok))
+            let nodes = image.topo.nodes.iter().take(n).cloned().collect();
+            (model::Topo { nodes }, None)
         }
-        None => {
-            let diagnoses = explain::diagnose(pairing)?;
-            let reason = diagnoses
-                .first()
-                .map_or("no mapping satisfies CRIU's checks", |d| {
-                    summary(d.failure.property)
-                });
-            Ok((
-                false,
-                Some(reason.to_owned()),
-                Vec::new(),
-                diagnoses,
-                criu_ok,
-            ))
+        EntryReading::PastEnd { announced, present } => {
+            let cause = criu::CrashCause::Entries {
+                announced: u64::from(announced),
+                present,
+            };
+            (image.topo.clone(), Some(criu::Run::Crash(cause)))
         }
-    }
-}
-
-fn summary(property: &str) -> &'static str {
-    match property {
-        "gpu_count" => "the checkpoint and this node's visible GPUs differ in number",
-        "xgmi_hives" => "the checkpoint has more XGMI hives than this node",
-        "xgmi_hive" => "the checkpoint's XGMI hives do not fit this node's",
-        "numa_node" => "the checkpoint's GPU-to-CPU grouping cannot be kept",
-        _ => "some checkpoint GPUs have no compatible GPU here",
-    }
-}
-
-fn quirk_note(stop: &Stop) -> String {
-    let why = match stop {
-        Stop::Hives { stuck: true, .. } => {
-            "its hive matching keeps the pairs of an abandoned attempt, so the order in which \
-             hives are listed decides (known quirk)"
-        }
-        _ => {
-            "its search keeps the first hive matching and the first free CPU it finds, and \
-             the order of the GPUs decides"
-        }
-    };
-    format!(
-        "a mapping exists, but CRIU's search stops with \"{}\": {why}",
-        stop.message()
-    )
-}
-
-/// The refusal when only CRIU's search order is at fault.
-fn order_refusal(pairing: &Pairing<'_>, stop: &Stop) -> Diagnosis {
-    let hive = match stop {
-        Stop::Hives { hive, .. } => pairing.src.hives.get(*hive),
-        _ => None,
-    };
-    let sizes = |side: &model::Side<'_>| {
-        let s: Vec<String> = side.hives.iter().map(|h| h.len().to_string()).collect();
-        format!("hives listed as [{}] GPUs", s.join(", "))
-    };
-    Diagnosis {
-        src: hive.and_then(|h| h.first().copied()),
-        dst: None,
-        failure: pairing::Failure {
-            property: "criu_matching_order",
-            checkpoint: pairing::Value::Text(sizes(&pairing.src)),
-            local: pairing::Value::Text(sizes(&pairing.dst)),
-            option: None,
-        },
+        EntryReading::NoCount => (
+            image.topo.clone(),
+            Some(criu::Run::Refused(criu::Stop::Unreadable)),
+        ),
     }
 }
 

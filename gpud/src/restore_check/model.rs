@@ -1,8 +1,9 @@
 //! One side of a restore: the KFD nodes as CRIU's amdgpu plugin sees them,
 //! either saved in a checkpoint image or read from this node's sysfs.
 //!
-//! Node order is part of the model: CRIU walks image entries in file order
-//! and sysfs nodes in directory-listing order, and its search depends on it.
+//! Order is part of the model: CRIU walks image entries in file order, and
+//! sysfs nodes and each node's links in directory-listing order; hive
+//! members follow from the link order, and its search depends on all of it.
 
 use std::collections::HashMap;
 

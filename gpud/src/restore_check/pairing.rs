@@ -116,7 +116,7 @@ impl<'a> Pairing<'a> {
     /// CRIU's link rule: an invalid checkpoint link always matches, an invalid
     /// local one never does; both must point at the same kind of node; XGMI
     /// cannot be served by PCIe; bidirectional needs bidirectional.
-    fn iolink_match(src: &SideLink, dst: &SideLink) -> bool {
+    pub(crate) fn iolink_match(src: &SideLink, dst: &SideLink) -> bool {
         if src.target.is_none() {
             return true;
         }
@@ -135,54 +135,6 @@ impl<'a> Pairing<'a> {
                 .iter()
                 .any(|dl| Self::iolink_match(sl, dl))
         })
-    }
-
-    /// The pair as CRIU's `map_device` decides it, extending `map` with the
-    /// CPU pairs it settles. With the NUMA check on, a checkpoint CPU already
-    /// mapped needs a local link of the same type to its mapped CPU; an
-    /// unmapped one takes the first matching local link whose CPU is not
-    /// taken yet.
-    pub fn map_device(&self, s: usize, d: usize, map: &mut CpuMap) -> bool {
-        if !self.fixed(s, d) {
-            return false;
-        }
-        if !self.options.is_on(Check::Numa) {
-            return true;
-        }
-        for sl in self.src.cpu_links(s) {
-            let Some(src_cpu) = sl.target else { continue };
-            let links = self.dst.all_links(d);
-            match map.get(src_cpu) {
-                Some(dst_cpu) => {
-                    let served = links.iter().any(|dl| {
-                        dl.kind == sl.kind
-                            && dl.target == Some(dst_cpu)
-                            && Self::iolink_match(sl, dl)
-                    });
-                    if !served {
-                        return false;
-                    }
-                }
-                None => {
-                    let free = links.iter().find_map(|dl| {
-                        let cpu = dl.target?;
-                        (Self::iolink_match(sl, dl) && !map.is_target(cpu)).then_some(cpu)
-                    });
-                    match free {
-                        Some(cpu) => map.insert(src_cpu, cpu),
-                        None => return false,
-                    }
-                }
-            }
-        }
-        true
-    }
-
-    /// A necessary condition for the pair under `map`, without changing it
-    /// (used to prune searches).
-    pub fn possible_under(&self, s: usize, d: usize, map: &CpuMap) -> bool {
-        let mut trial = map.clone();
-        self.map_device(s, d, &mut trial)
     }
 
     /// The pair under a complete CPU assignment `sigma`: each checkpoint CPU

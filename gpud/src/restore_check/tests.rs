@@ -1,6 +1,8 @@
 //! Tests of the restore check on topologies built in code; the images are
 //! covered in `tests/images.rs`, and end to end runs in the `tests` crate.
 
+mod criu_props;
+mod criu_search;
 mod images;
 mod local;
 mod matching;
@@ -149,6 +151,8 @@ pub(super) fn image(topo: Topo) -> KfdImage {
         pid: 42,
         format: ImageFormat::Any,
         bo_count: 0,
+        header_entries: u32::try_from(topo.nodes.len()).ok(),
+        gpus_read_as_cpus: Vec::new(),
         topo,
     }
 }

@@ -6,6 +6,10 @@
 //! `gpu_id`, `null` when a refusal is not about one GPU); fields are only
 //! ever added.
 //!
+//! `outcome` says which of CRIU's ends it is: `restorable`, `refused`,
+//! `criu-would-not-finish` (its search loops) or `criu-would-crash`;
+//! `criu_version` names the CRIU release whose code the verdict replays.
+//!
 //! `property` is a KFD property name (`fw_version`, `capability`,
 //! `io_links_count`, ...) or one of: `gpu_count` (visible GPUs differ in
 //! number), `xgmi_hives` (more hives in the checkpoint), `xgmi_hive` (a
@@ -62,10 +66,41 @@ pub struct CheckpointSummary {
     pub gpus: usize,
 }
 
+/// What CRIU does with the restore, or (in `explain` mode) whether a
+/// mapping exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// CRIU maps every GPU (explain: a mapping exists).
+    Restorable,
+    /// CRIU fails the restore with a log line (explain: no mapping exists).
+    Refused,
+    /// CRIU's GPU search loops for ever.
+    CriuWouldNotFinish,
+    /// CRIU dereferences a bad pointer or overflows a buffer.
+    CriuWouldCrash,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Restorable => "restorable",
+            Self::Refused => "refused",
+            Self::CriuWouldNotFinish => "CRIU would not finish",
+            Self::CriuWouldCrash => "CRIU would crash",
+        }
+    }
+}
+
 /// Whether the restore would be accepted, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Verdict {
     pub restorable: bool,
+    /// `restorable`, `refused`, `criu-would-not-finish` or
+    /// `criu-would-crash` (only in `criu` mode).
+    pub outcome: Outcome,
+    /// The CRIU release whose behaviour the verdict replays.
+    pub criu_version: &'static str,
     pub mode: Mode,
     /// What stops the restore (CRIU's log line in `criu` mode); `null` when
     /// it is accepted.
@@ -76,6 +111,9 @@ pub struct Verdict {
     /// large to reproduce).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub criu_restorable: Option<bool>,
+    /// In `explain` mode, CRIU's own outcome (`null` as above).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub criu_outcome: Option<Outcome>,
     /// The effective options.
     pub options: Options,
     pub checkpoint: CheckpointSummary,
@@ -170,10 +208,11 @@ impl Verdict {
     /// # Errors
     /// When `out` fails.
     pub fn write_text(&self, out: &mut dyn Write) -> io::Result<()> {
-        let mode = self.mode.as_str();
+        let (outcome, mode) = (self.outcome.as_str(), self.mode.as_str());
+        let version = self.criu_version;
         match &self.reason {
-            None => writeln!(out, "restorable ({mode} mode)")?,
-            Some(reason) => writeln!(out, "refused ({mode} mode): {reason}")?,
+            None => writeln!(out, "{outcome} ({mode} mode, CRIU {version})")?,
+            Some(reason) => writeln!(out, "{outcome} ({mode} mode, CRIU {version}): {reason}")?,
         }
         let c = &self.checkpoint;
         writeln!(
@@ -207,9 +246,14 @@ impl Verdict {
         if !off.is_empty() {
             writeln!(out, "checks off: {}", off.join(", "))?;
         }
-        if let Some(criu) = self.criu_restorable.filter(|c| *c != self.restorable) {
-            let says = if criu { "accept" } else { "refuse" };
-            writeln!(out, "CRIU itself would {says} this restore (see notes)")?;
+        if let Some(criu) = self.criu_outcome.filter(|c| *c != self.outcome) {
+            let says = match criu {
+                Outcome::Restorable => "accept this restore",
+                Outcome::Refused => "refuse this restore",
+                Outcome::CriuWouldNotFinish => "not finish this restore",
+                Outcome::CriuWouldCrash => "crash on this restore",
+            };
+            writeln!(out, "CRIU {version} itself would {says} (see notes)")?;
         }
         for note in &self.notes {
             writeln!(out, "note: {note}")?;

@@ -72,7 +72,12 @@ pub struct KfdNode {
     pub name: Option<String>,
     pub properties: Properties,
     pub mem_banks: Vec<MemBank>,
+    /// Sorted by index.
     pub io_links: Vec<IoLink>,
+    /// The indices of [`KfdNode::io_links`] in the order the `io_links`
+    /// directory listing returned them: the order CRIU's amdgpu plugin
+    /// reads them in (on sysfs, not numeric).
+    pub io_links_order: Vec<u32>,
     pub p2p_links: Vec<IoLink>,
 }
 
@@ -89,6 +94,18 @@ impl KfdNode {
     /// A node with CPU cores (CPU nodes and APU nodes).
     pub fn has_cpu_cores(&self) -> bool {
         self.properties.get_or_zero("cpu_cores_count") > 0
+    }
+
+    /// [`KfdNode::io_links`] in directory-listing order; links missing from
+    /// that order (a node built in code) follow in index order.
+    pub fn io_links_listed(&self) -> impl Iterator<Item = &IoLink> {
+        let find = |i: &u32| self.io_links.iter().find(|l| l.index == *i);
+        let listed = self.io_links_order.iter().filter_map(find);
+        let rest = self
+            .io_links
+            .iter()
+            .filter(|l| !self.io_links_order.contains(&l.index));
+        listed.chain(rest)
     }
 
     /// Reads `nodes/<index>` at `path`. `Ok(None)` when the node vanished.
@@ -110,14 +127,16 @@ impl KfdNode {
         let name = read_optional(&path.join("name"), buf, issues)
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty());
+        let (io_links, io_links_order) = read_links(&path.join("io_links"), buf, issues);
         Some(Self {
             index,
             path: path.to_owned(),
             gpu_id,
             name,
             mem_banks: read_mem_banks(&path.join("mem_banks"), buf, issues),
-            io_links: read_links(&path.join("io_links"), buf, issues),
-            p2p_links: read_links(&path.join("p2p_links"), buf, issues),
+            io_links,
+            io_links_order,
+            p2p_links: read_links(&path.join("p2p_links"), buf, issues).0,
             properties,
         })
     }
@@ -226,9 +245,18 @@ fn read_mem_banks(dir: &Path, buf: &mut String, issues: &mut Vec<TopologyIssue>)
     banks
 }
 
-fn read_links(dir: &Path, buf: &mut String, issues: &mut Vec<TopologyIssue>) -> Vec<IoLink> {
+/// The links under `dir`, sorted by index, and the indices read in listing
+/// order.
+fn read_links(
+    dir: &Path,
+    buf: &mut String,
+    issues: &mut Vec<TopologyIssue>,
+) -> (Vec<IoLink>, Vec<u32>) {
+    let mut entries = listed_entries(dir, issues);
+    let listed: Vec<u32> = entries.iter().map(|(index, _)| *index).collect();
+    entries.sort_unstable_by_key(|(index, _)| *index);
     let mut links = Vec::new();
-    for (index, path) in numbered_entries(dir, issues) {
+    for (index, path) in entries {
         let path = path.join("properties");
         if let Err(source) = read_into(&path, buf) {
             if source.kind() != io::ErrorKind::NotFound {
@@ -259,7 +287,11 @@ fn read_links(dir: &Path, buf: &mut String, issues: &mut Vec<TopologyIssue>) -> 
             flags: p.get_or_zero("flags"),
         });
     }
-    links
+    let order = listed
+        .into_iter()
+        .filter(|i| links.iter().any(|l| l.index == *i))
+        .collect();
+    (links, order)
 }
 
 fn node_field(p: &Properties, key: &str) -> Option<u32> {

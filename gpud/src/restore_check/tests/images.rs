@@ -6,6 +6,7 @@ use prost::Message;
 
 use super::{TopoBuilder, gpu_props};
 use crate::restore_check::{
+    Mode, Outcome, Request, Verdict, check,
     image::{self, ImageError, ImageFormat, MAX_IMAGE_BYTES},
     model::{GpuProps, LinkKind, Node, Topo},
     proto::{current, v3_17},
@@ -62,7 +63,7 @@ fn message(topo: &Topo, bos: u32) -> current::CriuKfd {
     current::CriuKfd {
         pid: Some(4242),
         num_of_gpus: u32::try_from(topo.gpu_count()).ok(),
-        num_of_cpus: Some(1),
+        num_of_cpus: u32::try_from(topo.nodes.len() - topo.gpu_count()).ok(),
         device_entries: topo.nodes.iter().map(entry).collect(),
         num_of_bos: Some(u64::from(bos)),
         bo_entries: (0..bos)
@@ -287,4 +288,84 @@ fn images_are_found_in_a_checkpoint_directory() {
     assert_eq!(image::find(&found).unwrap(), found, "a file is itself");
     let err = image::read_file(&dir.path().join("missing.img")).unwrap_err();
     assert!(matches!(err, ImageError::Read { .. }));
+}
+
+/// Checks the image of `m` against `local` in `mode`.
+fn verdict(m: &current::CriuKfd, local: &Topo, mode: Mode) -> Verdict {
+    let img = image::parse(&image::frame(m), "amdgpu-kfd-1.img").unwrap();
+    let request = Request {
+        mode,
+        ..Request::default()
+    };
+    check(&img, &super::local(local.clone()), &request).unwrap()
+}
+
+/// Point 6 of CRIU's reading (checkpoint-restore/criu:plugins/amdgpu/
+/// amdgpu_plugin.c, restore path): it converts `num_of_gpus + num_of_cpus`
+/// entries, whatever the entry list holds, and an entry with
+/// `cpu_cores_count` set keeps only that count (`devinfo_to_topology`).
+#[test]
+fn criu_reads_as_many_entries_as_the_header_counts() {
+    let t = TopoBuilder::new().cpu(0).gpu(1, 0).gpu(2, 0).build();
+    let mut m = message(&t, 0);
+    // 1 GPU + 1 CPU: the entries of node 0 and node 1 only.
+    m.num_of_gpus = Some(1);
+    let v = verdict(&m, &t, Mode::Criu);
+    assert_eq!(
+        v.reason.as_deref(),
+        Some("Number of devices mismatch (checkpointed:1 local:2)")
+    );
+    assert!(
+        v.notes.iter().any(|n| n.contains("reads the first 2")),
+        "{v:#?}"
+    );
+    // 3 + 1 entries announced, 3 there: CRIU reads past the array.
+    m.num_of_gpus = Some(3);
+    let v = verdict(&m, &t, Mode::Criu);
+    assert_eq!(v.outcome, Outcome::CriuWouldCrash);
+    let v = verdict(&m, &t, Mode::Explain);
+    assert_eq!(v.outcome, Outcome::Restorable);
+    assert_eq!(v.criu_outcome, Some(Outcome::CriuWouldCrash));
+    // CRIU's schema requires both counts.
+    m.num_of_gpus = None;
+    let v = verdict(&m, &t, Mode::Criu);
+    assert_eq!(v.reason.as_deref(), Some("Unable to parse the KFD message"));
+}
+
+#[test]
+fn an_entry_with_cpu_cores_is_read_as_a_cpu() {
+    let t = TopoBuilder::new().cpu(0).gpu(1, 0).build();
+    let mut m = message(&t, 0);
+    m.device_entries[1].cpu_cores_count = Some(24);
+    let img = image::parse(&image::frame(&m), "amdgpu-kfd-1.img").unwrap();
+    assert_eq!(img.gpus_read_as_cpus, [1]);
+    assert_eq!(img.topo.nodes[1].props, GpuProps::default());
+    // Still a GPU by its gpu_id, with every compared value zero.
+    let v = verdict(&m, &t, Mode::Explain);
+    assert_eq!(v.outcome, Outcome::Refused);
+    assert!(
+        v.refusals.iter().any(|r| r.property == "simd_count"),
+        "{v:#?}"
+    );
+    assert!(v.notes.iter().any(|n| n.contains("reads it as a CPU")));
+}
+
+#[test]
+fn verdicts_name_their_criu_and_what_newer_criu_cannot_read() {
+    let t = topo();
+    let old = old_message(&t, 2);
+    let bytes = image::frame(&old);
+    let img = image::parse(&bytes, "amdgpu-kfd-1.img").unwrap();
+    assert_eq!(img.format, ImageFormat::V3_17ToV4_2);
+    let v = check(&img, &super::local(t.clone()), &Request::default()).unwrap();
+    assert_eq!(v.criu_version, "3.17.1");
+    assert!(
+        v.notes
+            .iter()
+            .any(|n| n.contains("CRIU after 4.2 cannot read this image")),
+        "{:?}",
+        v.notes
+    );
+    let v = verdict(&message(&t, 0), &t, Mode::Criu);
+    assert!(!v.notes.iter().any(|n| n.contains("after 4.2")));
 }

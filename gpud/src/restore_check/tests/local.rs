@@ -71,7 +71,7 @@ fn reads_what_criu_reads() {
     let ids: Vec<u32> = local.topo.nodes.iter().map(|n| n.id).collect();
     // In directory-listing order, as CRIU walks them.
     let nodes = dir.path().join("sys/class/kfd/kfd/topology/nodes");
-    let listed: Vec<u32> = fs::read_dir(nodes)
+    let listed: Vec<u32> = fs::read_dir(&nodes)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
         .filter(|&i| i != 3)
@@ -92,7 +92,22 @@ fn reads_what_criu_reads() {
     assert_eq!(gpu.props.vram_size, 24 << 30);
     assert_eq!(gpu.props.vram_public, 1);
     assert_eq!(gpu.links.len(), 2);
-    assert_eq!(gpu.links[1].kind, LinkKind::Xgmi);
+    assert_eq!(
+        gpu.links
+            .iter()
+            .filter(|l| l.kind == LinkKind::Xgmi)
+            .count(),
+        1
+    );
+    // Links in the order io_links/ lists them, as CRIU reads them.
+    let listed: Vec<u32> = fs::read_dir(nodes.join("2/io_links"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .filter(|&i: &u32| i != 2)
+        .collect();
+    // Link 0 goes to node 0, link 1 to node 1.
+    let got: Vec<u32> = gpu.links.iter().map(|l| l.to).collect();
+    assert_eq!(got, listed);
     assert_eq!(gpu.location.bdf.as_deref(), Some("0000:05:00.1"));
     assert_eq!(gpu.location.render_minor, Some(129));
 }

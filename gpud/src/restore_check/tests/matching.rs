@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::{TopoBuilder, both, off, run};
 use crate::restore_check::{
-    Mode, Request, RestoreCheckError, check,
+    Mode, Outcome, Request, RestoreCheckError, check,
     local::LocalError,
     options::{Check, Options},
     props::PROPERTIES,
@@ -375,7 +375,10 @@ fn text_output_names_gpu_property_values_and_option() {
     let mut text = Vec::new();
     v.write_text(&mut text).unwrap();
     let text = String::from_utf8(text).unwrap();
-    assert!(text.starts_with("refused (explain mode)"), "{text}");
+    assert!(
+        text.starts_with("refused (explain mode, CRIU 3.17.1)"),
+        "{text}"
+    );
     assert!(
         text.contains("checkpoint GPU 0x1001 (node 1) on local GPU 0x1001 (node 1, 0000:01:00.0): fw_version: 177 in the checkpoint, 170 here; KFD_FW_VER_CHECK=0 would relax it"),
         "{text}"
@@ -384,13 +387,16 @@ fn text_output_names_gpu_property_values_and_option() {
     let mut text = Vec::new();
     v.write_text(&mut text).unwrap();
     let text = String::from_utf8(text).unwrap();
-    assert!(text.starts_with("restorable (explain mode)"), "{text}");
+    assert!(
+        text.starts_with("restorable (explain mode, CRIU 3.17.1)"),
+        "{text}"
+    );
     assert!(text.contains("-> local GPU 0x1001"), "{text}");
     assert!(text.contains("checks off: KFD_FW_VER_CHECK"), "{text}");
 }
 
 #[test]
-fn many_identical_partitions_map_quickly_and_one_bad_gpu_is_named() {
+fn many_identical_partitions_are_diagnosed_and_crash_criu() {
     // 64 partitions in one hive over two CPUs, like an 8-GPU CPX node; the
     // local node has the 8 partitions of one GPU on an older firmware.
     let build = |bad: Option<std::ops::Range<u32>>| {
@@ -406,8 +412,8 @@ fn many_identical_partitions_map_quickly_and_one_bad_gpu_is_named() {
     };
     let src = build(None);
     let dst = build(Some(26..34));
-    let (criu, explain) = both(&src, &dst, &Options::default());
-    assert!(!criu.restorable);
+    let explain = run(&src, &dst, Mode::Explain, Options::default());
+    assert!(!explain.restorable);
     assert_eq!(explain.refusals.len(), 8);
     for r in &explain.refusals {
         assert_eq!(r.property, "fw_version");
@@ -416,7 +422,25 @@ fn many_identical_partitions_map_quickly_and_one_bad_gpu_is_named() {
             "{r:#?}"
         );
     }
-    let (criu, explain) = both(&src, &dst, &off(&[Check::FwVersion]));
-    assert!(criu.restorable);
+    let explain = run(&src, &dst, Mode::Explain, off(&[Check::FwVersion]));
+    assert!(explain.restorable);
     assert_eq!(explain.mapping.len(), 64);
+    // CRIU prints each hive's members into a 200-byte buffer before it
+    // compares anything (topology_print -> p2pgroup_to_str): 10 bytes of
+    // "type:XGMI:", 7 per "0x%04X ", a NUL: 64 members take 459 bytes.
+    let criu = run(&src, &dst, Mode::Criu, off(&[Check::FwVersion]));
+    assert_eq!(criu.outcome, Outcome::CriuWouldCrash);
+    assert!(
+        criu.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("459 bytes")),
+        "{:?}",
+        criu.reason
+    );
+    assert_eq!(explain.criu_outcome, Some(Outcome::CriuWouldCrash));
+    assert!(
+        explain.notes.iter().any(|n| n.contains("56 more")),
+        "{:?}",
+        explain.notes
+    );
 }
