@@ -283,7 +283,9 @@ pub struct RestoreCheckArgs {
     )]
     pub gpus: Vec<String>,
     /// A variable of CRIU's environment at restore, e.g. KFD_FW_VER_CHECK=0,
-    /// read as CRIU reads it; repeat for more.
+    /// read as CRIU reads it; repeat for more. The KFD_*_CHECK variables of
+    /// this command's own environment count too, as they do for CRIU; --env
+    /// wins over them.
     #[arg(
         long = "env",
         env = "GPUD_RESTORE_ENV",
@@ -455,7 +457,11 @@ fn restore_check_command(args: &RestoreCheckArgs, out: &mut dyn Write) -> ExitCo
 
 #[tracing::instrument(skip_all, fields(image = %args.image.display(), mode = %args.mode))]
 fn restore_verdict(args: &RestoreCheckArgs) -> anyhow::Result<Verdict> {
-    let options = Options::from_assignments(&args.env)?;
+    // CRIU reads the KFD_*_CHECK variables from its own environment; so
+    // does this command, and --env wins over them.
+    let environment = std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)));
+    let options = Options::from_environment_then(environment, &args.env)?;
     let path = image::find(&args.image)?;
     let image = image::read_file(&path)?;
     let paths = args

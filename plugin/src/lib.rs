@@ -22,6 +22,7 @@ pub mod health_events;
 pub mod kube;
 pub mod kubelet;
 pub mod metrics;
+pub mod mode_follow;
 pub mod node_register;
 pub mod partition;
 pub mod sandbox;
@@ -144,43 +145,24 @@ pub async fn serve(
         return Err(kube::KubeError::NoNodeName(format!("{:?}", cli.kube)).into());
     }
     let metrics = Arc::new(Metrics::new());
-    metrics.set_landlock(match sandbox::status() {
-        sandbox::Enforcement::Off => metrics::LandlockStatus::NotApplied,
-        sandbox::Enforcement::NotEnforced => metrics::LandlockStatus::NotEnforced,
-        sandbox::Enforcement::Partial => metrics::LandlockStatus::PartiallyEnforced,
-        sandbox::Enforcement::Full => metrics::LandlockStatus::FullyEnforced,
-    });
+    metrics.set_landlock(landlock_status());
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
     let followed = gpud_client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
     let raw = followed.snapshots;
     let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
-    let snapshots = partition::follow(raw.clone(), mode);
+    let (mode_tx, mode_rx) = watch::channel(mode);
+    let snapshots = partition::follow(raw.clone(), mode_rx);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
     let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped, &decoder));
-    if let Some(target) = cli.compute_partition.clone() {
-        let sources = switcher::Sources {
-            caches: side.as_ref().map(|s| s.caches.clone()),
-            pod_resources: cli.pod_resources(),
-            resource_name: cli.resource_name.clone(),
-            events: side.as_ref().map(|s| s.events.clone()),
-        };
-        tokio::spawn(switcher::switch_idle_gpus(
-            bus.clone(),
-            raw,
-            sources,
-            target,
-        ));
-    }
-    tokio::spawn(gpud_reach::report(
-        followed.reach,
-        side.as_ref().map(|s| gpud_reach::NodeEvents {
-            events: s.events.clone(),
-            caches: s.caches.clone(),
-        }),
-        Duration::from_secs(cli.gpud_unreachable_after),
-        until(stopped.clone()),
-    ));
+    spawn_followers(
+        &cli,
+        &bus,
+        raw,
+        side.as_ref(),
+        (mode_tx, followed.reach),
+        &stopped,
+    );
     if side.is_none() {
         info!("--kube none: no Kubernetes API; Allocate is refused with an explanation");
     }
@@ -216,6 +198,60 @@ pub async fn serve(
         tracing::warn!("the node annotation was not republished within 15 s of the stop");
     }
     Ok(())
+}
+
+fn landlock_status() -> metrics::LandlockStatus {
+    match sandbox::status() {
+        sandbox::Enforcement::Off => metrics::LandlockStatus::NotApplied,
+        sandbox::Enforcement::NotEnforced => metrics::LandlockStatus::NotEnforced,
+        sandbox::Enforcement::Partial => metrics::LandlockStatus::PartiallyEnforced,
+        sandbox::Enforcement::Full => metrics::LandlockStatus::FullyEnforced,
+    }
+}
+
+/// The tasks that follow amd-gpud and the node beside the kubelet side: the
+/// start-up partition switch, the operating-mode annotation, and the
+/// reports of an unreachable amd-gpud.
+fn spawn_followers(
+    cli: &Cli,
+    bus: &Bus,
+    raw: watch::Receiver<gpud_client::Snapshot>,
+    side: Option<&KubeSide>,
+    (mode, reach): (
+        watch::Sender<partition::OperatingMode>,
+        watch::Receiver<gpud_reach::Reach>,
+    ),
+    stopped: &watch::Receiver<bool>,
+) {
+    let sources = switcher::Sources {
+        caches: side.map(|s| s.caches.clone()),
+        pod_resources: cli.pod_resources(),
+        resource_name: cli.resource_name.clone(),
+        events: side.map(|s| s.events.clone()),
+    };
+    if let Some(target) = cli.compute_partition.clone() {
+        tokio::spawn(switcher::switch_idle_gpus(
+            bus.clone(),
+            raw,
+            sources.clone(),
+            target,
+        ));
+    }
+    tokio::spawn(mode_follow::follow(
+        sources,
+        cli.operating_mode,
+        mode,
+        until(stopped.clone()),
+    ));
+    tokio::spawn(gpud_reach::report(
+        reach,
+        side.map(|s| gpud_reach::NodeEvents {
+            events: s.events.clone(),
+            caches: s.caches.clone(),
+        }),
+        Duration::from_secs(cli.gpud_unreachable_after),
+        until(stopped.clone()),
+    ));
 }
 
 /// What runs with the Kubernetes API.

@@ -137,15 +137,21 @@ fn partitions_of_mode(gpu: &GpuInfo, listed: usize) -> u32 {
         .max(1)
 }
 
-/// Follows `raw` snapshots, publishing their view in `mode`.
+/// Follows `raw` snapshots and the operating `mode`, publishing the view
+/// of the one in the other.
 pub fn follow(
     mut raw: watch::Receiver<Snapshot>,
-    mode: OperatingMode,
+    mut mode: watch::Receiver<OperatingMode>,
 ) -> watch::Receiver<Snapshot> {
-    let (tx, rx) = watch::channel(view(&raw.borrow_and_update(), mode));
+    let first = view(&raw.borrow_and_update(), *mode.borrow_and_update());
+    let (tx, rx) = watch::channel(first);
     tokio::spawn(async move {
-        while raw.changed().await.is_ok() {
-            let next = view(&raw.borrow_and_update(), mode);
+        loop {
+            tokio::select! {
+                changed = raw.changed() => if changed.is_err() { return },
+                changed = mode.changed() => if changed.is_err() { return },
+            }
+            let next = view(&raw.borrow_and_update(), *mode.borrow_and_update());
             tx.send_if_modified(|s| {
                 let changed = *s != next;
                 *s = next;

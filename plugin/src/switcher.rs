@@ -45,13 +45,43 @@ pub struct Sources {
 
 /// Every allocation the node's pods hold, from a view that can be trusted.
 #[derive(Debug, Default)]
-struct Allocations {
+pub(crate) struct Allocations {
     pods: Vec<Arc<Pod>>,
     /// Device ids (`<gpu id>#<slot>`) kubelet gave containers.
     devices: Vec<String>,
 }
 
 impl Allocations {
+    /// Who holds AMD devices, if anyone: the live pods HAMi allocated
+    /// devices for (the first few named), and the devices kubelet gave
+    /// containers.
+    pub(crate) fn holders(&self) -> Option<String> {
+        let pods: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|p| live(p) && holds_devices(p))
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        let mut parts = Vec::new();
+        if !pods.is_empty() {
+            let shown: Vec<&str> = pods.iter().take(5).map(String::as_str).collect();
+            let more = pods.len().saturating_sub(shown.len());
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            parts.push(format!("pods {}{tail}", shown.join(", ")));
+        }
+        if !self.devices.is_empty() {
+            parts.push(format!(
+                "{} device(s) kubelet gave containers",
+                self.devices.len()
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+
     /// Whether the GPU `id` (or one of its partitions) is held.
     fn on(&self, id: &str) -> bool {
         let prefix = format!("{id}-");
@@ -87,6 +117,21 @@ pub async fn operating_mode(
     };
     info!(?mode, "operating mode");
     mode
+}
+
+fn live(pod: &Pod) -> bool {
+    !matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Whether HAMi's record of `pod` grants it any device.
+fn holds_devices(pod: &Pod) -> bool {
+    pod.annotations()
+        .get(ALLOCATED_KEY)
+        .and_then(|v| parse_pod_devices(DevicesAnnotation::Allocated, v).ok())
+        .is_some_and(|c| c.iter().any(|d| !d.is_empty()))
 }
 
 /// Whether a live pod holds an allocation on the GPU whose id is `gpu_id`
@@ -198,7 +243,7 @@ fn event(sources: &Sources, warning: bool, reason: &str, note: String) {
 }
 
 /// The allocations on this node, or why they cannot be trusted now.
-async fn allocations(sources: &Sources) -> Result<Allocations, String> {
+pub(crate) async fn allocations(sources: &Sources) -> Result<Allocations, String> {
     if sources.caches.is_none() && sources.pod_resources.is_none() {
         return Err(
             "neither the Kubernetes API (--kube none) nor kubelet's pod-resources \

@@ -371,9 +371,6 @@ async fn fifty_pods() {
     assert_eq!(used.values().map(Vec::len).sum::<usize>(), 50 * 38);
 }
 
-/// An RX 9070 XT (gfx1201: CUs in WGP pairs) next to an iGPU without a ROCr
-/// UUID (`unique_id` 0).
-#[test]
 /// A dGPU and an iGPU without a ROCr UUID in one container: ROCr stops at
 /// the first token it cannot parse, so both are selected by container-local
 /// index (their rank in KFD order), in annotation order; the register
@@ -421,6 +418,8 @@ fn an_igpu_second_in_a_container_is_selected_by_index_with_the_dgpu() {
     });
 }
 
+/// An RX 9070 XT (gfx1201: CUs in WGP pairs) next to an iGPU without a ROCr
+/// UUID (`unique_id` 0).
 #[test]
 fn wgp_rounding_and_a_gpu_without_rocr_uuid() {
     if !common::can_run_bus_tests() {

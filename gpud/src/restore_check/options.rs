@@ -170,6 +170,11 @@ impl Options {
     /// A string without `=`, or an unknown name.
     pub fn from_assignments<S: AsRef<str>>(items: &[S]) -> Result<Self, OptionsError> {
         let mut options = Self::default();
+        options.apply(items)?;
+        Ok(options)
+    }
+
+    fn apply<S: AsRef<str>>(&mut self, items: &[S]) -> Result<(), OptionsError> {
         for item in items {
             let text = item.as_ref();
             let (name, value) =
@@ -177,8 +182,29 @@ impl Options {
                     .ok_or_else(|| OptionsError::NotAnAssignment {
                         text: text.to_owned(),
                     })?;
-            options.set(name, value)?;
+            self.set(name, value)?;
         }
+        Ok(())
+    }
+
+    /// Options as CRIU would take them from `environment` (the variables of
+    /// its own environment it reads: every `KFD_*_CHECK`, other names
+    /// ignored, as CRIU ignores them), then `assignments` (`--env`), which
+    /// win over the environment.
+    ///
+    /// # Errors
+    /// As [`Options::from_assignments`], for the assignments.
+    pub fn from_environment_then<S: AsRef<str>>(
+        environment: impl IntoIterator<Item = (String, String)>,
+        assignments: &[S],
+    ) -> Result<Self, OptionsError> {
+        let mut options = Self::default();
+        for (name, value) in environment {
+            if Check::from_env_name(&name).is_some() {
+                options.set(&name, &value)?;
+            }
+        }
+        options.apply(assignments)?;
         Ok(options)
     }
 
@@ -211,6 +237,22 @@ impl Serialize for Options {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_environment_counts_as_for_criu_and_env_flags_win() {
+        let env = [
+            ("KFD_FW_VER_CHECK".to_owned(), "0".to_owned()),
+            ("KFD_NUMA_CHECK".to_owned(), "0".to_owned()),
+            ("KFD_SOMETHING_ELSE".to_owned(), "x".to_owned()),
+            ("PATH".to_owned(), "/usr/bin".to_owned()),
+        ];
+        let o = Options::from_environment_then(env, &["KFD_NUMA_CHECK=1"]).unwrap();
+        assert!(!o.is_on(Check::FwVersion), "from the environment");
+        assert!(o.is_on(Check::Numa), "--env wins");
+        assert!(o.notes.is_empty(), "{:?}", o.notes);
+        let none: [(String, String); 0] = [];
+        assert!(Options::from_environment_then(none, &["KFD_X"]).is_err());
+    }
 
     #[test]
     fn every_option_defaults_to_on() {
