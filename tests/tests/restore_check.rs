@@ -184,6 +184,24 @@ fn options_are_read_as_criu_reads_them() {
     }
     let (code, _, stderr) = restore_check(&image, root.path(), &["--mode", "strict"]);
     assert_eq!(code, 2, "{stderr}");
+
+    // As for CRIU, the command's own environment counts; --env wins.
+    let mut cmd = Command::new(common::fake_node_exe());
+    cmd.args(["gpud", "restore-check", "--json"])
+        .arg(&image)
+        .arg("--host-root")
+        .arg(root.path())
+        .args(["--env", "KFD_NUMA_CHECK=1"])
+        .env("KFD_FW_VER_CHECK", "0")
+        .env("KFD_NUMA_CHECK", "0");
+    let (code, stdout, stderr) = common::run_with_timeout(cmd, Duration::from_secs(120));
+    assert_eq!(code, 0, "{stderr}");
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        v["options"]["KFD_FW_VER_CHECK"], false,
+        "from the environment"
+    );
+    assert_eq!(v["options"]["KFD_NUMA_CHECK"], true, "--env wins");
 }
 
 #[test]
