@@ -15,7 +15,7 @@ mod profiles;
 use std::{io, path::PathBuf};
 
 pub use busy::{KfdUser, kfd_users};
-pub use profiles::{PartitionProfile, profiles};
+pub use profiles::{PartitionProfile, amdsmi_index, profiles};
 
 use crate::{HostPaths, inventory::Gpu};
 

@@ -38,6 +38,7 @@ fn gpu(mode: &str, partitions: u32) -> Gpu {
         compute_partition: Some(mode.into()),
         memory_partition: Some("NPS1".into()),
         available_compute_partitions: vec!["SPX".into(), "DPX".into(), "QPX".into(), "CPX".into()],
+        supported_compute_partitions: vec![],
         available_memory_partitions: vec!["NPS1".into(), "NPS4".into()],
         vendor_id: 0x1002,
         device_id: 0x74a1,
@@ -99,6 +100,29 @@ fn the_sysfs_menu_lists_the_offered_modes_with_their_shape() {
     let mut rdna = gpu("SPX", 1);
     rdna.available_compute_partitions.clear();
     assert!(profiles(&rdna).is_empty());
+}
+
+/// In NPS4 an MI300X offers QPX and CPX only; their indices stay AMD SMI's
+/// (positions in `supported_xcp_configs`), not positions in the offer.
+#[test]
+fn the_sysfs_index_is_amd_smis_not_an_ordinal_of_the_offer() {
+    let mut g = gpu("CPX", 8);
+    g.memory_partition = Some("NPS4".into());
+    g.available_compute_partitions = vec!["QPX".into(), "CPX".into()];
+    g.supported_compute_partitions = vec!["SPX".into(), "DPX".into(), "QPX".into(), "CPX".into()];
+    let menu = profiles(&g);
+    let got: Vec<(u32, &str)> = menu
+        .iter()
+        .map(|p| (p.index, p.compute_partition.as_str()))
+        .collect();
+    assert_eq!(got, [(2, "QPX"), (3, "CPX")]);
+    assert!(menu.iter().all(|p| p.memory_partitions == ["NPS4"]));
+    assert_eq!(amdsmi_index(&g, "spx"), Some(0));
+    assert_eq!(amdsmi_index(&g, "TPX"), None);
+    // A kernel without `supported_xcp_configs`: AMD SMI falls back to the
+    // offered modes, and so does the sysfs path.
+    g.supported_compute_partitions.clear();
+    assert_eq!(amdsmi_index(&g, "CPX"), Some(1));
 }
 
 #[test]
