@@ -21,6 +21,7 @@ pub mod health_events;
 pub mod kube;
 pub mod kubelet;
 pub mod metrics;
+pub mod node_gpus;
 pub mod node_register;
 pub mod partition;
 pub mod sandbox;
