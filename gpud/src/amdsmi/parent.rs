@@ -1,6 +1,7 @@
 //! Parent side: runs the probe helper, enforces the timeout, decodes its one JSON document.
 
 use std::{
+    ffi::OsString,
     io::{self, Read},
     os::unix::process::ExitStatusExt,
     path::PathBuf,
@@ -37,6 +38,11 @@ struct Finished {
 }
 
 pub fn probe(cfg: &AmdSmiConfig) -> Result<AmdSmiReport, AmdSmiError> {
+    run(cfg, &[])
+}
+
+/// Runs the helper with `extra` arguments after the probe's own.
+pub fn run(cfg: &AmdSmiConfig, extra: &[OsString]) -> Result<AmdSmiReport, AmdSmiError> {
     let library = describe(cfg);
     let span = info_span!("probe", library = %library);
     let _entered = span.enter();
@@ -44,7 +50,7 @@ pub fn probe(cfg: &AmdSmiConfig) -> Result<AmdSmiReport, AmdSmiError> {
         info!("AMD SMI disabled");
         return Err(AmdSmiError::Disabled);
     }
-    let finished = run_helper(cfg, &library)?;
+    let finished = run_helper(cfg, &library, extra)?;
     for line in String::from_utf8_lossy(&finished.stderr).lines() {
         debug!(target: "gpud::amdsmi::helper", "{line}");
     }
@@ -87,7 +93,11 @@ fn describe(cfg: &AmdSmiConfig) -> String {
     }
 }
 
-fn run_helper(cfg: &AmdSmiConfig, library: &str) -> Result<Finished, AmdSmiError> {
+fn run_helper(
+    cfg: &AmdSmiConfig,
+    library: &str,
+    extra: &[OsString],
+) -> Result<Finished, AmdSmiError> {
     let Some((program, lead)) = cfg.helper.split_first() else {
         let source = io::Error::new(io::ErrorKind::InvalidInput, "no helper program configured");
         return Err(AmdSmiError::HelperSpawn {
@@ -98,6 +108,7 @@ fn run_helper(cfg: &AmdSmiConfig, library: &str) -> Result<Finished, AmdSmiError
     let mut cmd = Command::new(program);
     cmd.args(lead)
         .args(probe_args(&cfg.library))
+        .args(extra)
         .envs(cfg.child_env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -349,6 +360,7 @@ mod tests {
             layout: "7.0".into(),
             processors: vec![],
             errors: vec![],
+            profile_switch: None,
         }
     }
 
