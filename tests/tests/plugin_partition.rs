@@ -107,17 +107,10 @@ fn compute_partitions_are_whole_devices() {
     common::run_async(Duration::from_secs(120), cpx_node());
 }
 
-async fn cpx_node() {
-    let args = partition_args(&[]);
-    let mut w = world_with(&Setup {
-        fixture: "mi300x-8-cpx",
-        devices: 64,
-        gpud_args: &[],
-        plugin_args: &args,
-        prepare: &|_| {},
-    })
-    .await;
-    let devices = register(&w.api);
+/// The register annotation of the CPX node (64 partition devices, each
+/// naming its GPU, under HAMi's budget) and the GPUs' facts, once per GPU.
+fn check_cpx_annotations(api: &FakeApiServer) {
+    let devices = register(api);
     assert_eq!(devices.len(), 64);
     let first = &devices[0];
     assert!(first["id"].as_str().unwrap().ends_with("-cpx0"), "{first}");
@@ -135,13 +128,13 @@ async fn cpx_node() {
         json!({"pciBDF": "0000:05:00.0", "gpuBDF": "0000:05:00.0", "partitionProfile": "cpx_nps1"})
     );
     assert_eq!(devices[9]["custominfo"]["gpuBDF"], "0000:15:00.0");
-    let (size, floor) = register_sizes(&w.api);
+    let (size, floor) = register_sizes(api);
     assert!(
         size < REGISTER_BUDGET,
         "register annotation {size} bytes for 64 partitions (floor {floor})"
     );
     // The GPU's facts, once per GPU, keyed by its address.
-    let gpus: Value = serde_json::from_str(&annotation(&w.api, "hami.io/node-amd-gpus")).unwrap();
+    let gpus: Value = serde_json::from_str(&annotation(api, "hami.io/node-amd-gpus")).unwrap();
     assert_eq!(gpus.as_object().unwrap().len(), 8, "{gpus}");
     let menu = gpus["0000:05:00.0"]["partitionProfiles"]
         .as_array()
@@ -157,6 +150,19 @@ async fn cpx_node() {
                "partitionCount": 8, "xccPerPartition": 1})
     );
     assert_eq!(gpus["0000:05:00.0"]["criu"]["fw_version"], 177);
+}
+
+async fn cpx_node() {
+    let args = partition_args(&[]);
+    let mut w = world_with(&Setup {
+        fixture: "mi300x-8-cpx",
+        devices: 64,
+        gpud_args: &[],
+        plugin_args: &args,
+        prepare: &|_| {},
+    })
+    .await;
+    check_cpx_annotations(&w.api);
 
     // One partition, whole: no mask, no hook, its own render node.
     let one = allocate(&w, "one-part", &[(&w.gpus[0], 24576, 38)], 600).await;
