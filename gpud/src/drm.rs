@@ -20,8 +20,13 @@ pub struct PciDeviceInfo {
     pub vram_total: Option<u64>,
     /// `current_compute_partition`, upper case (`SPX`, `CPX`, ...).
     pub compute_partition: Option<String>,
-    /// `available_compute_partition`, upper case.
+    /// `available_compute_partition`, upper case: the modes the current
+    /// memory mode allows.
     pub available_compute_partitions: Vec<String>,
+    /// `compute_partition_config/supported_xcp_configs` (newer kernels), upper
+    /// case: every mode the GPU has, whatever the memory mode. AMD SMI numbers
+    /// its profiles in this list's order.
+    pub supported_compute_partitions: Vec<String>,
     /// `current_memory_partition` (`NPS1`, ...).
     pub memory_partition: Option<String>,
     /// `available_memory_partition`.
@@ -66,6 +71,13 @@ pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceIn
         available_compute_partitions: text("available_compute_partition")
             .map(|v| split_modes(&v))
             .unwrap_or_default(),
+        // "Not supported" when the kernel has no XCP manager: no mode names.
+        supported_compute_partitions: text("compute_partition_config/supported_xcp_configs")
+            .map(|v| split_modes(&v))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| crate::partition::MODES.contains(&m.as_str()))
+            .collect(),
         memory_partition: text("current_memory_partition").map(|v| v.to_ascii_uppercase()),
         available_memory_partitions: text("available_memory_partition")
             .map(|v| split_modes(&v))
@@ -167,6 +179,12 @@ mod tests {
         fs::write(pci.join("vendor"), "0x1002\n").unwrap();
         fs::write(pci.join("numa_node"), "-1\n").unwrap();
         fs::write(pci.join("current_compute_partition"), "cpx\n").unwrap();
+        fs::create_dir_all(pci.join("compute_partition_config")).unwrap();
+        fs::write(
+            pci.join("compute_partition_config/supported_xcp_configs"),
+            "SPX, DPX, QPX, CPX\n",
+        )
+        .unwrap();
         fs::create_dir_all(dir.path().join("sys/bus/pci/devices")).unwrap();
         symlink(
             "../../../devices/pci0000:00/0000:05:00.0",
@@ -185,6 +203,10 @@ mod tests {
         assert_eq!(info.vendor, Some(0x1002));
         assert_eq!(info.numa_node, None);
         assert_eq!(info.compute_partition.as_deref(), Some("CPX"));
+        assert_eq!(
+            info.supported_compute_partitions,
+            ["SPX", "DPX", "QPX", "CPX"]
+        );
         assert!(read_pci_device(&paths, "0000:06:00.0".parse().unwrap()).is_none());
 
         let render = read_render_node(&paths, 131).unwrap();

@@ -18,6 +18,7 @@ fn gpu(bdf: &str, unique_id: u64, amdsmi: Option<&str>) -> Gpu {
         memory_partition: None,
         available_compute_partitions: vec![],
         available_memory_partitions: vec![],
+        supported_compute_partitions: vec![],
         vendor_id: 0x1002,
         device_id: 0x74a1,
         hive_id: 0,

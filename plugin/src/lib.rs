@@ -23,6 +23,7 @@ pub mod kube;
 pub mod kubelet;
 pub mod metrics;
 pub mod mode_follow;
+pub mod node_gpus;
 pub mod node_register;
 pub mod partition;
 pub mod sandbox;

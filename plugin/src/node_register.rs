@@ -1,6 +1,8 @@
 //! What the plugin publishes as `hami.io/node-amd-register`: one HAMi
 //! DeviceInfo per GPU, derived from amd-gpud's inventory and the slot count
-//! offered to kubelet, so that HAMi and kubelet see the same devices.
+//! offered to kubelet, so that HAMi and kubelet see the same devices. Facts a
+//! GPU's devices share (the profile menu, the CRIU properties) are published
+//! once per GPU in `hami.io/node-amd-gpus` ([`crate::node_gpus`]).
 //!
 //! Writing is idempotent: the plugin patches the node only when the value it
 //! wants differs from what the node carries (watch-fed), and on a graceful
@@ -15,6 +17,10 @@ use crate::{
 };
 
 const MIB: u64 = 1024 * 1024;
+
+/// `custominfo.gpuBDF`: a partition device's physical GPU, the key of its
+/// entry in `hami.io/node-amd-gpus`.
+pub const GPU_BDF: &str = "gpuBDF";
 
 /// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
 /// graceful stop).
@@ -35,103 +41,24 @@ pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo
     info
 }
 
-/// `custominfo.partitionProfiles` (each profile of the GPU once per memory
-/// mode it allows, in the shape of HAMi's MIG profiles: a name, the memory and
-/// cores of one partition, and how many there are) and
-/// `custominfo.partitionProfile` (the current one, e.g. `cpx_nps1`), for GPUs
-/// with compute partitions.
-fn add_profiles(info: &mut DeviceInfo, gpu: &GpuInfo) {
-    if gpu.partition_profiles.is_empty() {
+/// `custominfo.partitionProfile`: the current profile (e.g. `cpx_nps1`), as
+/// newer upstream's Go plugin sends it, for GPUs with compute partitions. The
+/// menu of profiles is a fact of the physical GPU, in [`crate::node_gpus`].
+fn add_current_profile(info: &mut DeviceInfo, gpu: &GpuInfo) {
+    if gpu.partition_profiles.is_empty()
+        || gpu.compute_partition.is_empty()
+        || gpu.memory_partition.is_empty()
+    {
         return;
     }
-    let whole_mib = gpu_whole_mib(gpu, info);
-    let mut menu = Vec::new();
-    for p in &gpu.partition_profiles {
-        let n = p.partitions.max(1);
-        for memory in &p.memory_partitions {
-            menu.push(serde_json::json!({
-                "name": profile_name(&p.compute_partition, memory),
-                "index": p.index,
-                "computePartition": p.compute_partition.to_ascii_lowercase(),
-                "memoryPartition": memory.to_ascii_lowercase(),
-                "partitionCount": n,
-                "xccPerPartition": p.xcc_per_partition,
-                "memoryMB": whole_mib / u64::from(n),
-                "core": gpu_whole_cus(gpu, info) / n,
-            }));
-        }
-    }
-    let extra = &mut info.custominfo.extra;
-    extra.insert(
-        "partitionProfiles".to_owned(),
-        serde_json::Value::Array(menu),
-    );
-    if !gpu.compute_partition.is_empty() && !gpu.memory_partition.is_empty() {
-        let current = profile_name(&gpu.compute_partition, &gpu.memory_partition);
-        extra.insert("partitionProfile".to_owned(), current.into());
-    }
-}
-
-/// Properties CRIU's amdgpu plugin compares at restore, as published; the
-/// others (`domain`, `drm_render_minor`, `hive_id`) differ per device anyway.
-const NOT_COMPARED: [&str; 3] = ["domain", "drm_render_minor", "hive_id"];
-
-/// `custominfo.criu`: the restore properties of the device's first partition
-/// (its partitions share them), non-zero ones only, so that a controller can
-/// pre-select nodes for a checkpoint without asking amd-gpud on each.
-fn add_restore_props(info: &mut DeviceInfo, snapshot: &Snapshot, gpu: &GpuInfo) {
-    let Some(first) = snapshot.partitions.get(&gpu.bdf).and_then(|p| p.first()) else {
-        return;
-    };
-    let props: serde_json::Map<String, serde_json::Value> = first
-        .restore_props
-        .iter()
-        .filter(|(k, v)| **v != 0 && !NOT_COMPARED.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), (*v).into()))
-        .collect();
-    if !props.is_empty() {
-        info.custominfo
-            .extra
-            .insert("criu".to_owned(), serde_json::Value::Object(props));
-    }
-}
-
-/// `cpx_nps1`.
-fn profile_name(compute: &str, memory: &str) -> String {
-    format!(
+    let current = format!(
         "{}_{}",
-        compute.to_ascii_lowercase(),
-        memory.to_ascii_lowercase()
-    )
-}
-
-/// The whole GPU's MiB: a partition device carries its share, times the count.
-fn gpu_whole_mib(gpu: &GpuInfo, info: &DeviceInfo) -> u64 {
-    let share = gpu.vram_bytes / MIB;
-    if info.count == 1 && !info.mode.is_empty() {
-        share * u64::from(current_count(gpu))
-    } else {
-        share
-    }
-}
-
-fn gpu_whole_cus(gpu: &GpuInfo, info: &DeviceInfo) -> u32 {
-    if info.count == 1 && !info.mode.is_empty() {
-        gpu.compute_units * current_count(gpu)
-    } else {
-        gpu.compute_units
-    }
-}
-
-/// Partitions of the current profile.
-fn current_count(gpu: &GpuInfo) -> u32 {
-    gpu.partition_profiles
-        .iter()
-        .find(|p| {
-            p.compute_partition
-                .eq_ignore_ascii_case(&gpu.compute_partition)
-        })
-        .map_or(1, |p| p.partitions.max(1))
+        gpu.compute_partition.to_ascii_lowercase(),
+        gpu.memory_partition.to_ascii_lowercase()
+    );
+    info.custominfo
+        .extra
+        .insert("partitionProfile".to_owned(), current.into());
 }
 
 /// The market name, or `AMD <gfx>` when AMD SMI did not give one (HAMi wants
@@ -160,14 +87,17 @@ pub fn annotation(
         .map(|gpu| {
             let mut info = device_info(gpu, split_count, healthy);
             if snapshot.is_partition(&gpu.bdf) {
-                // A compute partition, allocated whole; never `mig`.
+                // A compute partition, allocated whole; never `mig`. Its
+                // GPU's address joins it to the GPU's facts.
                 info.count = 1;
                 info.mode = gpu.compute_partition.to_ascii_lowercase();
+                info.custominfo
+                    .extra
+                    .insert(GPU_BDF.to_owned(), snapshot.physical_bdf(&gpu.bdf).into());
             }
             info.index = card_minor(snapshot, gpu);
             add_rocr_selection(&mut info, gpu);
-            add_profiles(&mut info, gpu);
-            add_restore_props(&mut info, snapshot, gpu);
+            add_current_profile(&mut info, gpu);
             info
         })
         .collect();
@@ -302,6 +232,50 @@ mod tests {
         let shown = |i: usize| parsed[i].custominfo.extra["rocrVisibleDevice"].clone();
         assert_eq!(shown(0), "GPU-8ecb9de71e8aa405");
         assert!(value.contains(r#""index":3"#), "{value}");
+    }
+
+    /// A partition entry names its GPU (`gpuBDF`) and its current profile;
+    /// the GPU's menu and CRIU properties are not repeated in it.
+    #[test]
+    fn a_partition_entry_names_its_gpu_and_nothing_per_gpu() {
+        let mut whole = gpu("0000:05:00.0", "gfx942", "Healthy");
+        whole.compute_partition = "CPX".into();
+        whole.partition_profiles = vec![ipc::types::PartitionProfile {
+            index: 3,
+            compute_partition: "CPX".into(),
+            memory_partitions: vec!["NPS1".into()],
+            partitions: 8,
+            xcc_per_partition: 1,
+        }];
+        let parts = (0..8)
+            .map(|i| {
+                let mut p = crate::testutil::partition("0000:05:00.0", i, 1);
+                p.bdf = format!("0000:05:00.{i}");
+                p.restore_props = [("fw_version".to_owned(), 177)].into();
+                p
+            })
+            .collect();
+        let raw = Snapshot {
+            gpus: vec![whole],
+            partitions: [("0000:05:00.0".to_owned(), parts)].into(),
+            connected: true,
+            ..Snapshot::default()
+        };
+        let snapshot = crate::partition::view(&raw, crate::partition::OperatingMode::Partition);
+        let value: Vec<serde_json::Value> =
+            serde_json::from_str(&annotation(&snapshot, 0, true).unwrap()).unwrap();
+        assert_eq!(value.len(), 8);
+        assert_eq!(
+            value[2]["custominfo"],
+            serde_json::json!({"pciBDF": "0000:05:00.2", "gpuBDF": "0000:05:00.0",
+                               "partitionProfile": "cpx_nps1", "rocrVisibleDevice": "index"})
+        );
+        // Whole GPUs are their own key: no gpuBDF.
+        let whole = annotation(&raw, 0, true).unwrap();
+        assert!(
+            !whole.contains("gpuBDF") && !whole.contains("criu"),
+            "{whole}"
+        );
     }
 
     #[test]

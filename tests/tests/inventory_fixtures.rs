@@ -197,3 +197,45 @@ fn mi355x_profiles_come_from_amdsmi() {
     let (_, inv, _, _dir) = build("mi355x-8", &kfd_only());
     assert!(inv.gpus.iter().all(|g| g.partition_profiles.is_empty()));
 }
+
+/// AMD SMI's `profile_index` from either path, for the same GPUs: an MI300X
+/// in NPS4 offers QPX and CPX only, and both paths call them 2 and 3 (the
+/// sysfs path reads `supported_xcp_configs`, as AMD SMI numbers its profiles).
+#[test]
+fn the_sysfs_path_and_amd_smi_give_the_same_profile_index() {
+    use tests::fixture::{PartitionMode, XcpSpelling, models::mi300x_8};
+    let spec = mi300x_8(PartitionMode::Cpx, "NPS4", XcpSpelling::Underscore);
+    let index_of = |amdsmi: bool| {
+        let dir = tests::fixture::scratch_dir().unwrap();
+        let opts = if amdsmi { full() } else { kfd_and_drm() };
+        let node = fixture::build(&spec, dir.path(), &opts).unwrap();
+        let config = match &node.amdsmi_fixture {
+            Some(f) => common::fake_amdsmi(f, Duration::from_secs(30)),
+            None => common::no_amdsmi(),
+        };
+        let inv = common::inventory(dir.path(), &config);
+        let gpu = &inv.gpus[0];
+        assert_eq!(gpu.partition_profiles.is_empty(), !amdsmi);
+        gpud::partition::profiles(gpu)
+            .into_iter()
+            .map(|p| (p.compute_partition, p.index))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let sysfs = index_of(false);
+    let amdsmi = index_of(true);
+    assert_eq!(
+        sysfs,
+        [("CPX".to_owned(), 3), ("QPX".to_owned(), 2)].into(),
+        "the sysfs path lists what NPS4 allows, by AMD SMI's index"
+    );
+    for (mode, index) in &sysfs {
+        assert_eq!(amdsmi.get(mode), Some(index), "{mode}: {amdsmi:?}");
+    }
+}
+
+fn kfd_and_drm() -> BuildOptions {
+    BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    }
+}

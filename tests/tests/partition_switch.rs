@@ -1,7 +1,8 @@
 //! Compute-partition switching through amd-gpud: a fake MI300X node (SPX)
 //! whose fake driver re-creates a GPU's KFD and DRM nodes when
 //! `current_compute_partition` is written; `SetComputePartition` switches an
-//! idle GPU to CPX and back, the D-Bus objects following; a GPU used by a
+//! idle GPU to CPX and back, the D-Bus objects following, through sysfs
+//! without AMD SMI and through the (fake) library with it; a GPU used by a
 //! KFD process is refused with Busy and left untouched; a mode the GPU does
 //! not offer is NotSupported; the profile menu checked field by field.
 //! Needs root (private bus).
@@ -21,6 +22,18 @@ use tests::{
     stack,
 };
 use zbus::Connection;
+
+/// Where the fake AMD SMI logs each profile switch it made (in the host root).
+const AMDSMI_CALLS: &str = "amdsmi-calls.log";
+
+/// The fake AMD SMI's switch log, one call a line.
+fn amdsmi_calls(root: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(root.join(AMDSMI_CALLS))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
 
 const GPU0: &str = "0000:05:00.0";
 const GPU1: &str = "0000:15:00.0";
@@ -120,6 +133,9 @@ async fn switch_scenario() {
 
     refusals(&conn, &node, root.path()).await;
 
+    // Without AMD SMI the switch was sysfs's: the fake library logged nothing.
+    assert!(!root.path().join(AMDSMI_CALLS).exists());
+
     // And back: one live partition again.
     switch_gpu0(&node, &conn, "SPX", 1).await;
     // Asking for the current mode changes nothing.
@@ -140,10 +156,14 @@ fn a_switch_with_amd_smi_loaded_reads_the_library_again() {
     common::run_async(Duration::from_secs(120), amdsmi_scenario());
 }
 
-/// The same switch with amd-gpud reading the fake AMD SMI library, whose
-/// fixture the fake driver rewrites with the new mode: after the switch the
-/// GPU keeps its AMD SMI identity, and its mode and partitions are the new
-/// ones whether they come from sysfs or the library.
+/// The same switch with amd-gpud reading the fake AMD SMI library: the
+/// switch is the library's (`amdsmi_set_gpu_accelerator_partition_profile`
+/// with the mode's profile index, which the fake logs and turns into a write
+/// of the fake host's partition file, as the real library writes the
+/// kernel's), and the fake driver rewrites the library's fixture with the
+/// new mode: after the switch the GPU keeps its AMD SMI identity, and its
+/// mode and partitions are the new ones whether they come from sysfs or the
+/// library.
 async fn amdsmi_scenario() {
     let root = fixture::scratch_dir().unwrap();
     let spec = fixture::named("mi300x-8-spx").unwrap();
@@ -177,6 +197,11 @@ async fn amdsmi_scenario() {
     assert_eq!(before.compute_partition, "SPX");
 
     let (_, after) = switch_gpu0(&node, &conn, "CPX", 8).await;
+    // AMD SMI switched, by its profile index (CPX is 3 on an MI300X).
+    assert_eq!(
+        amdsmi_calls(root.path()),
+        ["amdsmi_set_gpu_accelerator_partition_profile 0000:05:00.0 3"]
+    );
     assert_eq!(
         after.amdsmi_uuid, before.amdsmi_uuid,
         "same GPU for AMD SMI"
@@ -185,6 +210,10 @@ async fn amdsmi_scenario() {
     assert_eq!(node.amd_smi().await.unwrap(), amdsmi, "still loaded");
 
     switch_gpu0(&node, &conn, "SPX", 1).await;
+    assert_eq!(
+        amdsmi_calls(root.path()).last().map(String::as_str),
+        Some("amdsmi_set_gpu_accelerator_partition_profile 0000:05:00.0 0")
+    );
     let warnings = node.warnings().await.unwrap();
     assert!(
         warnings.iter().all(|w| !w.contains("render minors")),

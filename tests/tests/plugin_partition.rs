@@ -32,13 +32,33 @@ fn partition_args(extra: &[&str]) -> Vec<String> {
         .collect()
 }
 
-fn register(api: &FakeApiServer) -> Vec<Value> {
+/// The text of node annotation `key`.
+fn annotation(api: &FakeApiServer, key: &str) -> String {
     let node = api.get(Kind::Node, "", NODE).unwrap();
-    let value = node["metadata"]["annotations"]["hami.io/node-amd-register"]
+    node["metadata"]["annotations"][key]
         .as_str()
-        .unwrap();
-    serde_json::from_str(value).unwrap()
+        .unwrap()
+        .to_owned()
 }
+
+fn register(api: &FakeApiServer) -> Vec<Value> {
+    serde_json::from_str(&annotation(api, "hami.io/node-amd-register")).unwrap()
+}
+
+/// The register annotation's size and its floor: the same devices with
+/// `custominfo` stripped to `pciBDF` (what HAMi's own AMD plugin sends).
+fn register_sizes(api: &FakeApiServer) -> (usize, usize) {
+    let text = annotation(api, "hami.io/node-amd-register");
+    let mut devices: Vec<Value> = serde_json::from_str(&text).unwrap();
+    for d in &mut devices {
+        let bdf = d["custominfo"]["pciBDF"].clone();
+        d["custominfo"] = json!({ "pciBDF": bdf });
+    }
+    (text.len(), serde_json::to_string(&devices).unwrap().len())
+}
+
+/// HAMi's budget for the register annotation of 64 partitions (issue 20).
+const REGISTER_BUDGET: usize = 24 * 1024;
 
 /// Waits until the register annotation satisfies `check`.
 async fn wait_register(api: &FakeApiServer, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
@@ -87,17 +107,10 @@ fn compute_partitions_are_whole_devices() {
     common::run_async(Duration::from_secs(120), cpx_node());
 }
 
-async fn cpx_node() {
-    let args = partition_args(&[]);
-    let mut w = world_with(&Setup {
-        fixture: "mi300x-8-cpx",
-        devices: 64,
-        gpud_args: &[],
-        plugin_args: &args,
-        prepare: &|_| {},
-    })
-    .await;
-    let devices = register(&w.api);
+/// The register annotation of the CPX node (64 partition devices, each
+/// naming its GPU, under HAMi's budget) and the GPUs' facts, once per GPU.
+fn check_cpx_annotations(api: &FakeApiServer) {
+    let devices = register(api);
     assert_eq!(devices.len(), 64);
     let first = &devices[0];
     assert!(first["id"].as_str().unwrap().ends_with("-cpx0"), "{first}");
@@ -110,16 +123,47 @@ async fn cpx_node() {
         ),
         (&json!(1), &json!(24576), &json!(38), &json!("cpx"))
     );
-    assert_eq!(first["custominfo"]["partitionProfile"], "cpx_nps1");
-    let menu = first["custominfo"]["partitionProfiles"].as_array().unwrap();
-    let names: Vec<&str> = menu.iter().map(|p| p["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["spx_nps1", "dpx_nps1", "qpx_nps1", "cpx_nps1"]);
+    assert_eq!(
+        first["custominfo"],
+        json!({"pciBDF": "0000:05:00.0", "gpuBDF": "0000:05:00.0", "partitionProfile": "cpx_nps1",
+               "rocrVisibleDevice": "index"})
+    );
+    assert_eq!(devices[9]["custominfo"]["gpuBDF"], "0000:15:00.0");
+    let (size, floor) = register_sizes(api);
+    assert!(
+        size < REGISTER_BUDGET,
+        "register annotation {size} bytes for 64 partitions (floor {floor})"
+    );
+    // The GPU's facts, once per GPU, keyed by its address.
+    let gpus: Value = serde_json::from_str(&annotation(api, "hami.io/node-amd-gpus")).unwrap();
+    assert_eq!(gpus.as_object().unwrap().len(), 8, "{gpus}");
+    let menu = gpus["0000:05:00.0"]["partitionProfiles"]
+        .as_array()
+        .unwrap();
+    let types: Vec<&str> = menu
+        .iter()
+        .map(|p| p["partitionType"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["spx", "dpx", "qpx", "cpx"]);
     assert_eq!(
         menu[3],
-        json!({"name": "cpx_nps1", "index": 3, "computePartition": "cpx", "memoryPartition": "nps1",
-               "partitionCount": 8, "xccPerPartition": 1, "memoryMB": 24576, "core": 38})
+        json!({"profileIndex": 3, "partitionType": "cpx", "memoryCaps": ["nps1"],
+               "partitionCount": 8, "xccPerPartition": 1})
     );
-    assert_eq!(menu[1]["memoryMB"], 98304);
+    assert_eq!(gpus["0000:05:00.0"]["criu"]["fw_version"], 177);
+}
+
+async fn cpx_node() {
+    let args = partition_args(&[]);
+    let mut w = world_with(&Setup {
+        fixture: "mi300x-8-cpx",
+        devices: 64,
+        gpud_args: &[],
+        plugin_args: &args,
+        prepare: &|_| {},
+    })
+    .await;
+    check_cpx_annotations(&w.api);
 
     // One partition, whole: no mask, no hook, its own render node.
     let one = allocate(&w, "one-part", &[(&w.gpus[0], 24576, 38)], 600).await;
@@ -171,6 +215,37 @@ async fn cpx_node() {
     };
     let again = allocate(&w, "after-restart", &[(&g3, 24576, 38)], 602).await;
     assert_eq!(again.envs["ROCR_VISIBLE_DEVICES"], "0");
+}
+
+/// The figures of docs/benchmarks.md ("Register annotation size"): run with
+/// `cargo test -p tests --test plugin_partition -- --ignored --nocapture
+/// register_annotation_size`.
+#[test]
+#[ignore = "a measurement; prints the sizes for docs/benchmarks.md"]
+fn register_annotation_size() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), async {
+        let args = partition_args(&[]);
+        let w = world_with(&Setup {
+            fixture: "mi300x-8-cpx",
+            devices: 64,
+            gpud_args: &[],
+            plugin_args: &args,
+            prepare: &|_| {},
+        })
+        .await;
+        let (size, floor) = register_sizes(&w.api);
+        let node = w.api.get(Kind::Node, "", NODE).unwrap();
+        let gpus = node["metadata"]["annotations"]["hami.io/node-amd-gpus"]
+            .as_str()
+            .map_or(0, str::len);
+        println!(
+            "mi300x-8-cpx, 64 partitions: hami.io/node-amd-register {size} bytes \
+             (floor, custominfo = pciBDF only: {floor} bytes); hami.io/node-amd-gpus {gpus} bytes"
+        );
+    });
 }
 
 #[test]

@@ -83,9 +83,19 @@ async fn scenario() {
     );
     assert_eq!(devices[0]["custominfo"]["pciBDF"], "0000:05:00.0");
     assert!(devices[0]["type"].as_str().unwrap().starts_with("AMD"));
-    // What CRIU compares at restore, for pre-selecting nodes; and the
-    // partition profile menu of an Instinct GPU.
-    let criu = &devices[0]["custominfo"]["criu"];
+    // What CRIU compares at restore, for pre-selecting nodes, and the
+    // partition profile menu of an Instinct GPU: once per GPU, keyed by its
+    // address, in an annotation of their own.
+    assert!(devices[0]["custominfo"].get("criu").is_none());
+    let node = api.get(Kind::Node, "", NODE).unwrap();
+    let gpus: Value = serde_json::from_str(
+        node["metadata"]["annotations"]["hami.io/node-amd-gpus"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(gpus.as_object().unwrap().len(), 8);
+    let criu = &gpus["0000:05:00.0"]["criu"];
     assert_eq!(
         (&criu["fw_version"], &criu["sdma_fw_version"]),
         (&json!(177), &json!(24))
@@ -93,6 +103,10 @@ async fn scenario() {
     assert_eq!(criu["device_id"], 0x74a1);
     assert!(criu.get("drm_render_minor").is_none());
     assert_eq!(devices[0]["custominfo"]["partitionProfile"], "spx_nps1");
+    assert_eq!(
+        gpus["0000:05:00.0"]["partitionProfiles"][0]["profileIndex"],
+        0
+    );
 
     // Nothing changes: several re-check intervals pass without a write.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -75,10 +75,11 @@ pub fn run(source: &LibrarySource) -> Result<AmdSmiReport, ProbeFailure> {
         layout,
         processors,
         errors,
+        profile_switch: None,
     })
 }
 
-fn status_failure(
+pub(super) fn status_failure(
     call: &str,
     device: Option<String>,
     code: u32,
@@ -107,7 +108,7 @@ fn init<'l>(lib: &'l Library, family: Option<Family>) -> Result<Session<'l>, Pro
 }
 
 /// §1.3: version first (initialising and retrying on NOT_INIT), then layout, then init.
-fn detect<'l>(
+pub(super) fn detect<'l>(
     lib: &'l Library,
     library: &str,
 ) -> Result<(LibVersion, Layout, Session<'l>), ProbeFailure> {
@@ -158,7 +159,7 @@ thread_local! {
 
 /// Retries BUSY three times with 50/100/200 ms backoff, while the probe's
 /// BUSY budget lasts; after that a BUSY is returned at once.
-fn retry_busy<T>(mut call: impl FnMut() -> Result<T, CallFail>) -> Result<T, CallFail> {
+pub(super) fn retry_busy<T>(mut call: impl FnMut() -> Result<T, CallFail>) -> Result<T, CallFail> {
     for delay in BUSY_BACKOFF {
         match call() {
             Err(CallFail::Status(status::BUSY)) => {
@@ -176,14 +177,14 @@ fn retry_busy<T>(mut call: impl FnMut() -> Result<T, CallFail>) -> Result<T, Cal
 }
 
 /// A processor handle with its place in the enumeration.
-struct Found<'s> {
-    socket: u32,
-    index: u32,
-    handle: Handle<'s>,
+pub(super) struct Found<'s> {
+    pub(super) socket: u32,
+    pub(super) index: u32,
+    pub(super) handle: Handle<'s>,
 }
 
 /// Sockets, then processors per socket (§4.1).
-fn enumerate<'s>(
+pub(super) fn enumerate<'s>(
     session: &'s Session<'_>,
     library: &str,
     family: Family,

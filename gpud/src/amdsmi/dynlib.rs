@@ -32,6 +32,7 @@ const PARTITION_IDS_BUF: usize = 64;
 const HANDLE_SLACK: usize = 8;
 const PROFILE: &str = "amdsmi_get_gpu_accelerator_partition_profile";
 const PROFILE_CONFIG: &str = "amdsmi_get_gpu_accelerator_partition_profile_config";
+pub const SET_PROFILE: &str = "amdsmi_set_gpu_accelerator_partition_profile";
 
 type GetLibVersion = unsafe extern "C" fn(*mut u8) -> u32;
 type Init = unsafe extern "C" fn(u64) -> u32;
@@ -47,6 +48,7 @@ type GetMemoryTotal = unsafe extern "C" fn(*mut c_void, u32, *mut u64) -> u32;
 type GetString = unsafe extern "C" fn(*mut c_void, *mut c_char, u32) -> u32;
 type GetProfile = unsafe extern "C" fn(*mut c_void, *mut u8, *mut u32) -> u32;
 type GetProcessList = unsafe extern "C" fn(*mut c_void, *mut u32, *mut u8) -> u32;
+type SetU32 = unsafe extern "C" fn(*mut c_void, u32) -> u32;
 
 /// Why a call produced no value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +105,7 @@ struct Symbols {
     get_gpu_accelerator_partition_profile: Option<GetProfile>,
     get_gpu_accelerator_partition_profile_config: Option<GetStruct>,
     get_gpu_process_list: Option<GetProcessList>,
+    set_gpu_accelerator_partition_profile: Option<SetU32>,
 }
 
 /// Resolves `name` as a `T`.
@@ -145,6 +148,7 @@ impl Symbols {
                 get_gpu_accelerator_partition_profile: symbol(lib, PROFILE),
                 get_gpu_accelerator_partition_profile_config: symbol(lib, PROFILE_CONFIG),
                 get_gpu_process_list: symbol(lib, "amdsmi_get_gpu_process_list"),
+                set_gpu_accelerator_partition_profile: symbol(lib, SET_PROFILE),
             })
         }
     }
@@ -487,6 +491,17 @@ impl Session<'_> {
         Ok((buf.into_bytes(), ids))
     }
 
+    /// `amdsmi_set_gpu_accelerator_partition_profile(profile_index)` (6.4+, root): selects
+    /// the profile with that index in the profile config (§4.8).
+    pub fn set_partition_profile(&self, h: Handle<'_>, profile_index: u32) -> Result<(), CallFail> {
+        let f = present(
+            self.lib.syms.set_gpu_accelerator_partition_profile,
+            SET_PROFILE,
+        )?;
+        // SAFETY: `h` is a live handle of this session; the index travels by value (§4.8).
+        check(unsafe { f(h.raw, profile_index) })
+    }
+
     /// `amdsmi_get_gpu_process_list` with room for `capacity` entries of `stride` bytes
     /// (0: NULL list, count only). Any status is returned with the count written back.
     pub fn process_list(
@@ -524,33 +539,5 @@ impl Drop for Session<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn out_buffers_are_zeroed_aligned_and_sized() {
-        let mut b = OutBuf::zeroed(4093);
-        assert_eq!(b.len(), 4096);
-        assert_eq!(b.ptr().align_offset(8), 0);
-        assert!(b.into_bytes().iter().all(|&x| x == 0));
-    }
-
-    #[test]
-    fn opening_a_missing_library_reports_dlopen_verbatim() {
-        let Err(OpenError::Load(reason)) = Library::open(OsStr::new("/nonexistent/libamd_smi.so"))
-        else {
-            panic!("expected a load error");
-        };
-        assert!(reason.contains("/nonexistent/libamd_smi.so"), "{reason}");
-    }
-
-    #[test]
-    fn a_library_without_the_symbols_is_refused() {
-        // libc is always loadable and exports none of the AMD SMI symbols.
-        let r = Library::open(OsStr::new("libc.so.6"));
-        assert!(matches!(
-            r,
-            Err(OpenError::MissingSymbol("amdsmi_get_lib_version"))
-        ));
-    }
-}
+#[path = "dynlib_tests.rs"]
+mod tests;

@@ -18,11 +18,16 @@ mod layout;
 mod locate;
 mod parent;
 pub mod report;
+mod set_profile;
 mod status;
 
 use std::{ffi::OsString, io, path::PathBuf, time::Duration};
 
 use report::{AmdSmiReport, ProbeFailure, ProbeOutcome};
+pub use set_profile::ProfileRequest;
+
+/// `AMDSMI_STATUS_BUSY`, the same in every release.
+pub const STATUS_BUSY: u32 = status::BUSY;
 
 /// Name of the hidden subcommand that runs the child side.
 pub const PROBE_SUBCOMMAND: &str = "amdsmi-probe";
@@ -84,6 +89,10 @@ pub struct ProbeArgs {
     /// Load nothing and report that AMD SMI is disabled.
     #[arg(long, conflicts_with = "search_dirs")]
     pub disabled: bool,
+    /// Instead of probing, select accelerator partition profile INDEX on the
+    /// GPU at BDF (`amdsmi_set_gpu_accelerator_partition_profile`).
+    #[arg(long, value_name = "BDF=INDEX")]
+    pub set_profile: Option<ProfileRequest>,
 }
 
 impl ProbeArgs {
@@ -128,11 +137,56 @@ pub fn probe(cfg: &AmdSmiConfig) -> Result<AmdSmiReport, AmdSmiError> {
     parent::probe(cfg)
 }
 
+/// Selects accelerator partition profile `profile_index` (AMD SMI's index,
+/// [`crate::partition::amdsmi_index`]) on the GPU at `bdf`, in a helper
+/// process as every AMD SMI call. Waiting for the new partitions is the
+/// caller's.
+///
+/// # Errors
+/// [`AmdSmiError::Status`] with the setter's status (BUSY when the GPU is in
+/// use), [`AmdSmiError::HelperOutput`] when the library has no such GPU or no
+/// setter, and every failure [`probe`] has.
+pub fn set_accelerator_profile(
+    cfg: &AmdSmiConfig,
+    bdf: &str,
+    profile_index: u32,
+) -> Result<(), AmdSmiError> {
+    let request = ProfileRequest {
+        bdf: bdf.to_owned(),
+        profile_index,
+    };
+    let extra = [OsString::from("--set-profile"), request.to_string().into()];
+    let report = parent::run(cfg, &extra)?;
+    let Some(switch) = report.profile_switch else {
+        return Err(AmdSmiError::HelperOutput {
+            library: report.library,
+            reason: "no result of the profile switch".to_owned(),
+        });
+    };
+    match switch.status {
+        Some(status::SUCCESS) => Ok(()),
+        Some(code) => Err(AmdSmiError::Status {
+            call: dynlib::SET_PROFILE.to_owned(),
+            device: Some(switch.bdf),
+            status: code,
+            name: switch.status_name,
+        }),
+        None => Err(AmdSmiError::HelperOutput {
+            library: report.library,
+            reason: format!("{}: {}", switch.bdf, switch.status_name),
+        }),
+    }
+}
+
 /// Child side of `amdsmi-probe`: loads the library, probes it and writes exactly one JSON
 /// [`ProbeOutcome`] line to `out`. Returns the process exit code: 0 for a report, 1 for a
 /// typed failure, 2 when the document could not be written.
 pub fn run_probe_command(args: &ProbeArgs, out: &mut dyn io::Write) -> i32 {
-    let (outcome, code) = match child::run(&args.source()) {
+    let result = match &args.set_profile {
+        Some(request) => set_profile::run(&args.source(), request),
+        None => child::run(&args.source()),
+    };
+    let (outcome, code) = match result {
         Ok(report) => (ProbeOutcome::Ok { report }, 0),
         Err(error) => (ProbeOutcome::Error { error }, 1),
     };

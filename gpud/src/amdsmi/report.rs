@@ -19,6 +19,23 @@ pub struct AmdSmiReport {
     pub processors: Vec<ProcessorInfo>,
     /// Calls that failed without making the whole probe fail.
     pub errors: Vec<CallError>,
+    /// What `amdsmi-probe --set-profile` did; absent for a plain probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_switch: Option<ProfileSwitch>,
+}
+
+/// The outcome of `amdsmi_set_gpu_accelerator_partition_profile` in a
+/// `--set-profile` run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProfileSwitch {
+    /// The GPU asked for, `dddd:bb:dd.f`.
+    pub bdf: String,
+    pub profile_index: u32,
+    /// The setter's status (0: SUCCESS); `None` when no processor of the
+    /// library has that address, or the library lacks the setter.
+    pub status: Option<u32>,
+    /// Symbolic name of `status`, or why the setter was not called.
+    pub status_name: String,
 }
 
 /// Library version, normalised across the 6.x and 7.x `amdsmi_version_t` layouts.

@@ -47,7 +47,7 @@ pub async fn set_compute_partition(
         .parse()
         .map_err(|e| ApiError::InvalidArgument(format!("GPU {gpu:?}: {e}")))?;
     let mode = partition::parse_mode(mode).map_err(api_error)?;
-    let (found, paths) = {
+    let (found, paths, amdsmi) = {
         let service = shared
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -56,12 +56,13 @@ pub async fn set_compute_partition(
             .gpu(bdf)
             .filter(|(_, presence)| *presence == Presence::Present)
             .map(|(g, _)| g.clone());
-        (found, service.config().paths.clone())
+        let config = service.config();
+        (found, config.paths.clone(), config.amdsmi.clone())
     };
     let found = found.ok_or_else(|| ApiError::NotFound(format!("no GPU at {bdf}")))?;
     let xccs = found.total_xccs();
     let switched = tokio::task::spawn_blocking(move || {
-        partition::switch(&paths, &found, mode, allocations_exist)
+        partition::switch(&paths, &amdsmi, &found, mode, allocations_exist)
     })
     .await
     .map_err(|e| ApiError::Failed(format!("the switch task failed: {e}")))?
@@ -69,10 +70,15 @@ pub async fn set_compute_partition(
         warn!("compute partition switch refused: {e}");
         api_error(e)
     })?;
-    if switched == Switched::Already {
-        info!(gpu = %bdf, mode, "already in this compute partition mode");
-    } else {
-        info!(gpu = %bdf, mode, "compute partition written; waiting for the driver");
+    match switched {
+        Switched::Already => info!(gpu = %bdf, mode, "already in this compute partition mode"),
+        Switched::Written => {
+            info!(gpu = %bdf, mode, "compute partition written to sysfs; waiting for the driver");
+        }
+        Switched::ByAmdSmi { profile_index } => info!(
+            gpu = %bdf, mode, profile_index,
+            "accelerator profile selected through AMD SMI; waiting for the driver"
+        ),
     }
     wait_for(
         conn,

@@ -76,6 +76,7 @@ mod tests {
                 error(Some("socket 0 processor 1"), "IO"),
                 error(None, "DRIVER_NOT_LOADED"),
             ],
+            profile_switch: None,
         };
         let states = fatal_states(&report);
         assert_eq!(states.len(), 1);

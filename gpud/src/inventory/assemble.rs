@@ -247,6 +247,7 @@ fn build_gpu(
             .or_else(|| inferred_mode(&group)),
         memory_partition: pci.memory_partition.clone(),
         available_compute_partitions: pci.available_compute_partitions.clone(),
+        supported_compute_partitions: pci.supported_compute_partitions.clone(),
         available_memory_partitions: pci.available_memory_partitions.clone(),
         vendor_id: p.get_or_zero("vendor_id"),
         device_id: p.get_or_zero("device_id"),

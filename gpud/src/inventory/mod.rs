@@ -83,6 +83,9 @@ pub struct Gpu {
     pub compute_partition: Option<String>,
     pub memory_partition: Option<String>,
     pub available_compute_partitions: Vec<String>,
+    /// Every mode the GPU has (`supported_xcp_configs`), whatever the memory
+    /// mode; empty on kernels without it.
+    pub supported_compute_partitions: Vec<String>,
     pub available_memory_partitions: Vec<String>,
     pub vendor_id: u64,
     pub device_id: u64,

@@ -1,11 +1,15 @@
 //! Compute partitions (amd-hardware §6, §7, §10.1, §10.3): each GPU's menu
 //! of profiles for the scheduler, and switching an idle GPU's compute
-//! partition through its sysfs file.
+//! partition.
 //!
-//! The switch follows the spec's recommendation: the sysfs write (no ABI
-//! hazard, an unambiguous `EBUSY`), after an idleness check of our own (no
-//! KFD process holds VRAM or queues on any of the GPU's partitions, and the
-//! caller says no allocation exists). The memory partition (NPS) is node
+//! After an idleness check of our own (no KFD process holds VRAM or queues
+//! on any of the GPU's partitions, and the caller says no allocation exists),
+//! the switch goes through AMD SMI's accelerator profile API
+//! (`amdsmi_set_gpu_accelerator_partition_profile` with the mode's
+//! `profile_index`, in a helper process) where the library is loaded and
+//! lists the GPU's profiles, and through the sysfs file otherwise (no ABI
+//! hazard, an unambiguous `EBUSY`); a library call that fails other than
+//! busy falls back to sysfs. The memory partition (NPS) is node
 //! configuration and is never written. Waiting for the new partitions is the
 //! caller's (it owns the inventory): [`expected_partitions`] says how many.
 
@@ -15,9 +19,13 @@ mod profiles;
 use std::{io, path::PathBuf};
 
 pub use busy::{KfdUser, kfd_users};
-pub use profiles::{PartitionProfile, profiles};
+pub use profiles::{PartitionProfile, amdsmi_index, profiles};
 
-use crate::{HostPaths, inventory::Gpu};
+use crate::{
+    HostPaths,
+    amdsmi::{AmdSmiConfig, AmdSmiError, LibrarySource, STATUS_BUSY},
+    inventory::Gpu,
+};
 
 /// The compute partition modes, in menu order.
 pub const MODES: [&str; 5] = ["SPX", "DPX", "TPX", "QPX", "CPX"];
@@ -77,17 +85,25 @@ pub fn expected_partitions(mode: &str, xccs: u32) -> u32 {
 pub enum Switched {
     /// The GPU was already in the mode; nothing written.
     Already,
-    /// The mode was written; the driver now re-creates the partitions.
+    /// The mode was written to `current_compute_partition`; the driver now
+    /// re-creates the partitions.
     Written,
+    /// AMD SMI selected the mode's profile
+    /// (`amdsmi_set_gpu_accelerator_partition_profile`); the driver now
+    /// re-creates the partitions.
+    ByAmdSmi { profile_index: u32 },
 }
 
-/// Switches `gpu` to `mode` (canonical) unless it is busy.
+/// Switches `gpu` to `mode` (canonical) unless it is busy: through AMD SMI
+/// where the library is loaded and lists the GPU's profiles (`amdsmi`), else
+/// (and when the library's call fails other than busy) through sysfs.
 ///
 /// # Errors
-/// Not offered, busy (our check, the caller's allocations, or the kernel's
-/// `EBUSY`), or the write failed.
+/// Not offered, busy (our check, the caller's allocations, the kernel's
+/// `EBUSY` or AMD SMI's `BUSY`), or the write failed.
 pub fn switch(
     paths: &HostPaths,
+    amdsmi: &AmdSmiConfig,
     gpu: &Gpu,
     mode: &str,
     allocations_exist: bool,
@@ -128,6 +144,9 @@ pub fn switch(
             why: user.to_string(),
         });
     }
+    if let Some(switched) = switch_by_amdsmi(amdsmi, gpu, mode)? {
+        return Ok(switched);
+    }
     let path = paths.pci_device(&name).join("current_compute_partition");
     std::fs::write(&path, mode).map_err(|source| match source.raw_os_error() {
         Some(code) if code == rustix::io::Errno::BUSY.raw_os_error() => PartitionError::Busy {
@@ -141,6 +160,40 @@ pub fn switch(
         },
     })?;
     Ok(Switched::Written)
+}
+
+/// The switch through AMD SMI, when the library is in use and its profile
+/// config (read at the last probe) lists `mode`: `Ok(None)` to use sysfs.
+fn switch_by_amdsmi(
+    amdsmi: &AmdSmiConfig,
+    gpu: &Gpu,
+    mode: &str,
+) -> Result<Option<Switched>, PartitionError> {
+    if amdsmi.library == LibrarySource::Disabled {
+        return Ok(None);
+    }
+    let Some(profile) = gpu
+        .partition_profiles
+        .iter()
+        .find(|p| p.profile_type.eq_ignore_ascii_case(mode))
+    else {
+        return Ok(None);
+    };
+    let name = gpu.bdf.to_string();
+    let profile_index = profile.profile_index;
+    match crate::amdsmi::set_accelerator_profile(amdsmi, &name, profile_index) {
+        Ok(()) => Ok(Some(Switched::ByAmdSmi { profile_index })),
+        Err(AmdSmiError::Status { status, .. }) if status == STATUS_BUSY => {
+            Err(PartitionError::Busy {
+                gpu: name,
+                why: format!("AMD SMI answered BUSY to profile {profile_index} ({mode})"),
+            })
+        }
+        Err(err) => {
+            tracing::warn!(gpu = %name, mode, "switching through AMD SMI failed ({err}); writing sysfs");
+            Ok(None)
+        }
+    }
 }
 
 #[cfg(test)]

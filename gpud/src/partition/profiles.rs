@@ -3,6 +3,17 @@
 //! root), else from sysfs: the modes in `available_compute_partition` (those
 //! the current memory mode allows), each with the partitions and XCCs the
 //! GPU's XCC count gives, and the current memory mode.
+//!
+//! A profile's `index` is what `amdsmi_set_gpu_accelerator_partition_profile`
+//! takes, on both paths. AMD SMI numbers its profiles by walking SPX, DPX,
+//! TPX, QPX, CPX and keeping those named in the kernel's
+//! `compute_partition_config/supported_xcp_configs` (every mode the GPU has),
+//! or in `available_compute_partition` on kernels without that file
+//! (ROCm/amdsmi:src/amd_smi/amd_smi.cc,
+//! `amdsmi_get_gpu_accelerator_partition_profile_config`). The sysfs path
+//! numbers the same way, so a mode the current memory mode does not allow
+//! still holds its place: CPX is 3 on an MI300X in NPS4 too, where it is the
+//! only mode offered.
 
 pub use ipc::types::PartitionProfile;
 
@@ -33,8 +44,8 @@ pub fn profiles(gpu: &Gpu) -> Vec<PartitionProfile> {
     };
     MODES
         .into_iter()
-        .filter(|m| offered(m))
-        .zip(0..)
+        .filter_map(|mode| Some((mode, amdsmi_index(gpu, mode)?)))
+        .filter(|(mode, _)| offered(mode))
         .map(|(mode, index)| {
             let partitions = expected_partitions(mode, xccs);
             PartitionProfile {
@@ -46,4 +57,22 @@ pub fn profiles(gpu: &Gpu) -> Vec<PartitionProfile> {
             }
         })
         .collect()
+}
+
+/// AMD SMI's `profile_index` of `mode` on `gpu`, from sysfs: the mode's
+/// position among [`MODES`] named in `supported_xcp_configs`, else in
+/// `available_compute_partition`; `None` when neither names it.
+pub fn amdsmi_index(gpu: &Gpu, mode: &str) -> Option<u32> {
+    let table = if gpu.supported_compute_partitions.is_empty() {
+        &gpu.available_compute_partitions
+    } else {
+        &gpu.supported_compute_partitions
+    };
+    let named = |m: &str| table.iter().any(|t| t.eq_ignore_ascii_case(m));
+    MODES
+        .into_iter()
+        .filter(|m| named(m))
+        .zip(0..)
+        .find(|(m, _)| m.eq_ignore_ascii_case(mode))
+        .map(|(_, index)| index)
 }

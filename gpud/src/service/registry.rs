@@ -203,6 +203,7 @@ mod tests {
             compute_partition: None,
             memory_partition: None,
             available_compute_partitions: vec![],
+            supported_compute_partitions: vec![],
             available_memory_partitions: vec![],
             vendor_id: 4098,
             device_id: 1,

@@ -1,9 +1,11 @@
-//! Keeping `hami.io/node-amd-register` in step with the inventory.
+//! Keeping `hami.io/node-amd-register` (and `hami.io/node-amd-gpus`, the
+//! facts each physical GPU's devices share) in step with the inventory.
 //!
-//! The wanted value is compared with what the watched node carries; the node
-//! is patched (one merge patch) only when they differ: after an inventory or
-//! health change, or when someone else changed the annotation (checked again
-//! on a slow interval). On shutdown every device is republished unhealthy.
+//! The wanted values are compared with what the watched node carries; the
+//! node is patched (one merge patch with both) only when one differs: after
+//! an inventory or health change, or when someone else changed an annotation
+//! (checked again on a slow interval). On shutdown every device is
+//! republished unhealthy.
 
 use std::{future::Future, time::Duration};
 
@@ -17,7 +19,12 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::{CALL_TIMEOUT, Caches};
-use crate::{gpud_client::Snapshot, hami::REGISTER_KEY, node_register};
+use crate::{
+    gpud_client::Snapshot,
+    hami::REGISTER_KEY,
+    node_gpus::{self, GPUS_KEY},
+    node_register,
+};
 
 /// How the registrar runs.
 #[derive(Debug, Clone)]
@@ -72,6 +79,7 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
             return;
         }
     };
+    let gpus = node_gpus::gpus_annotation(snapshot);
     // A failing watch keeps its last node, which may be long out of date
     // (after an API server outage it can take a minute to come back): read
     // the node itself then.
@@ -80,15 +88,20 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     } else {
         read_node(nodes, &caches.node_name).await
     };
-    let current = node
-        .as_ref()
-        .and_then(|n| n.metadata.annotations.as_ref())
-        .and_then(|a| a.get(REGISTER_KEY))
-        .map(String::as_str);
-    if node.is_some() && !node_register::needs_write(&wanted, current) {
+    let on_node = |key: &str| {
+        node.as_ref()
+            .and_then(|n| n.metadata.annotations.as_ref())
+            .and_then(|a| a.get(key))
+            .cloned()
+    };
+    let (current, current_gpus) = (on_node(REGISTER_KEY), on_node(GPUS_KEY));
+    if node.is_some()
+        && !node_register::needs_write(&wanted, current.as_deref())
+        && !node_register::needs_write(&gpus, current_gpus.as_deref())
+    {
         return;
     }
-    let patch = json!({ "metadata": { "annotations": { REGISTER_KEY: wanted } } });
+    let patch = json!({ "metadata": { "annotations": { REGISTER_KEY: wanted, GPUS_KEY: gpus } } });
     let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
     let call = nodes.patch(&caches.node_name, &params, &patch);
     match tokio::time::timeout(CALL_TIMEOUT, call).await {

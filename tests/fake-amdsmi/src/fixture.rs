@@ -138,6 +138,10 @@ pub(crate) struct Fixture {
     faults: BTreeMap<String, serde_json::Value>,
     #[serde(default)]
     pub sockets: Vec<Socket>,
+    /// The fake host root a switch writes to (see `host.rs`); none: the
+    /// switch changes only what the library reports.
+    #[serde(default)]
+    pub host_root: Option<std::path::PathBuf>,
 }
 
 fn default_true() -> bool {

@@ -6,6 +6,7 @@ use std::ffi::{c_char, c_void};
 use crate::{
     ffi::{Need, call, get, put, put_c_string, put_slice},
     fixture::{Abi, Processor, Profile, compute_mode_name},
+    host,
     layout::{self, MAX_PARTITIONS},
     state::State,
     status,
@@ -293,6 +294,8 @@ pub extern "C" fn amdsmi_set_gpu_accelerator_partition_profile(
             let at = st.resolve(handle)?;
             need_root(st)?;
             let chosen = selected_profile(st.processor_at(at)?, profile_index)?;
+            let bdf = st.processor_at(at)?.pci.to_string();
+            let host_root = st.loaded()?.fixture.host_root.clone();
             let processors = st.socket_processors_mut(at.socket)?;
             if socket_busy(processors) {
                 return Err(status::BUSY);
@@ -303,7 +306,16 @@ pub extern "C" fn amdsmi_set_gpu_accelerator_partition_profile(
                     p.profile = Some(chosen.clone());
                 }
             }
-            Ok(())
+            match host_root {
+                Some(root) => host::record_switch(
+                    &root,
+                    "amdsmi_set_gpu_accelerator_partition_profile",
+                    &bdf,
+                    profile_index,
+                    &chosen.profile_type,
+                ),
+                None => Ok(()),
+            }
         },
     )
 }

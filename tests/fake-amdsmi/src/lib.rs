@@ -11,6 +11,7 @@
 mod ffi;
 mod fixture;
 mod gpu;
+mod host;
 mod layout;
 mod state;
 mod status;
