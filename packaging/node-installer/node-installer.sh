@@ -117,9 +117,16 @@ run)
     ;;
 prestop)
     # A node that shuts down stops its pods too: keep amd-gpud installed for the next boot.
-    if systemd_running && [ "$(host systemctl is-system-running 2>/dev/null || true)" = stopping ]; then
-        log "the host is shutting down: amd-gpud stays installed"
-        exit 0
+    # kubelet's graceful node shutdown stops pods while logind delays the shutdown (an
+    # inhibitor lock), before systemd itself is "stopping": ask logind as well.
+    if systemd_running; then
+        state=$(host systemctl is-system-running 2>/dev/null || true)
+        preparing=$(host busctl get-property org.freedesktop.login1 /org/freedesktop/login1 \
+            org.freedesktop.login1.Manager PreparingForShutdown 2>/dev/null || true)
+        if [ "$state" = stopping ] || [ "$preparing" = "b true" ]; then
+            log "the host is shutting down: amd-gpud stays installed"
+            exit 0
+        fi
     fi
     uninstall_files
     ;;
