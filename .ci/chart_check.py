@@ -17,8 +17,15 @@ feature on), it checks:
      HAMi's webhook label, probes on the metrics port);
   4. the DaemonSet's pod template against Pod Security "restricted" (and so
      "baseline"), implemented below from the PSS spec: the only violations
-     allowed are the hostPath volumes named in helm/amd-gpu/pss-exceptions.txt,
-     and every name there must still be a hostPath volume (no stale entry).
+     allowed are the hostPath volumes named in helm/amd-gpu/pss-exceptions.txt
+     and root in its initContainer: entries (hookInstaller), and every name
+     there must still be a hostPath volume or init container (no stale entry);
+  5. the opt-ins: hookInstaller and nodeInstaller off render nothing; on, the
+     hook-installer init container copies the hook into hostHookPath as root
+     without capabilities, and the node installer's DaemonSet has exactly the
+     privileges values.yaml names (privileged, hostPID, the host's /, root),
+     a preStop that removes amd-gpud, and a selector disjoint from the plugin's;
+     the default image is this project's, tagged with appVersion.
 Self-tests prove the checks bite: values the schema must reject; the policy
 refusing to render for Kubernetes < 1.30; podLabels that would override the
 chart's labels; a render of the chart with its schema removed and runAsUser 0;
@@ -44,6 +51,9 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "amd-gpu"
+# packaging/image/build.sh builds it (packaging/common.sh names it).
+DEFAULT_IMAGE = "ghcr.io/hami-amd/amd-device-plugin-rs"
+CHART_APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 EXCEPTIONS_FILE = CHART / "pss-exceptions.txt"
 RELEASE = "amd-gpu"
 NAMESPACE = "kube-system"
@@ -111,8 +121,11 @@ PSS_CONTROLS = [
 
 
 class Violation:
-    def __init__(self, control: str, detail: str, volume: str | None = None):
+    def __init__(self, control: str, detail: str, volume: str | None = None,
+                 container: tuple[str, str] | None = None):
         self.control, self.detail, self.volume = control, detail, volume
+        # (kind, name), e.g. ("initContainers", "hook-installer"), for a container's violation.
+        self.container = container
 
     def __repr__(self) -> str:
         return f"{self.control}: {self.detail}"
@@ -125,9 +138,10 @@ def pss_violations(template: dict[str, Any]) -> list[Violation]:
     annotations = meta.get("annotations") or {}
     psc = spec.get("securityContext") or {}
     out: list[Violation] = []
+    current: list[tuple[str, str] | None] = [None]  # the container being checked
 
     def add(control: str, detail: str, volume: str | None = None) -> None:
-        out.append(Violation(control, detail, volume))
+        out.append(Violation(control, detail, volume, current[0]))
 
     containers = [
         (kind, c)
@@ -189,6 +203,7 @@ def pss_violations(template: dict[str, Any]) -> list[Violation]:
 
     # containers
     for kind, c in containers:
+        current[0] = (kind, c.get("name"))
         where = f"spec.{kind}[{c.get('name')}]"
         sc = c.get("securityContext") or {}
         if (sc.get("windowsOptions") or {}).get("hostProcess"):
@@ -227,7 +242,12 @@ def pss_violations(template: dict[str, Any]) -> list[Violation]:
     return out
 
 
+# What an "initContainer:NAME" line of pss-exceptions.txt allows that container: to run as root.
+INIT_CONTAINER_ALLOWED = {"restricted/runAsNonRoot", "restricted/runAsUser"}
+
+
 def read_exceptions() -> list[str]:
+    """hostPath volume names, and "initContainer:NAME" entries."""
     names = []
     for line in EXCEPTIONS_FILE.read_text().splitlines():
         text = line.split("#", 1)[0].strip()
@@ -239,16 +259,21 @@ def read_exceptions() -> list[str]:
 def pss_verdict(template: dict[str, Any], exceptions: list[str]
                 ) -> tuple[list[Violation], list[Violation], list[str]]:
     """The violations an exception covers, those it does not, and the stale
-    exceptions (names that are not a hostPath volume of the template)."""
-    host_paths = {
-        v["name"] for v in (template.get("spec") or {}).get("volumes") or [] if "hostPath" in v
-    }
+    exceptions (names that are not a hostPath volume, or init containers that
+    are not init containers, of the template)."""
+    spec = template.get("spec") or {}
+    host_paths = {v["name"] for v in spec.get("volumes") or [] if "hostPath" in v}
+    inits = {f"initContainer:{c.get('name')}" for c in spec.get("initContainers") or []}
     allowed_controls = {"baseline/hostPathVolumes", "restricted/volumeTypes"}
     allowed, unexpected = [], []
     for v in pss_violations(template):
         covered = v.control in allowed_controls and v.volume in exceptions and v.volume in host_paths
+        if v.container and v.container[0] == "initContainers":
+            entry = f"initContainer:{v.container[1]}"
+            covered = covered or (v.control in INIT_CONTAINER_ALLOWED and entry in exceptions)
         (allowed if covered else unexpected).append(v)
-    stale = [name for name in exceptions if name not in host_paths]
+    stale = [name for name in exceptions
+             if name not in host_paths and name not in inits]
     return allowed, unexpected, stale
 
 
@@ -382,6 +407,100 @@ def check_protected_annotations(policies: list[dict[str, Any]], sa_user: str,
         check(f"'{key}'" in keys, f"it protects {key}")
 
 
+def plugin_ds(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plugin's DaemonSet (component device-plugin), not the node installer."""
+    found = [o for o in objects if o["kind"] == "DaemonSet"
+             and o["metadata"]["labels"].get("app.kubernetes.io/component") == "device-plugin"]
+    assert len(found) == 1, f"expected one device-plugin DaemonSet, found {len(found)}"
+    return found[0]
+
+
+def check_hook_installer(values: dict[str, Any], spec: dict[str, Any]) -> None:
+    """hookInstaller: off renders no init container; on renders exactly the
+    copy into hostHookPath, as root without capabilities."""
+    inits = spec.get("initContainers") or []
+    hook = values["hookInstaller"]
+    if not hook["enabled"]:
+        check(not inits, "hookInstaller off: no init container")
+        return
+    if not check(len(inits) == 1 and inits[0]["name"] == "hook-installer",
+                 "hookInstaller on: one init container, hook-installer", str(inits)):
+        return
+    c = inits[0]
+    image = hook["image"]
+    want_image = f"{image['repository']}:{image['tag']}" if image["tag"] else image["repository"]
+    dst = f"{values['hostHookPath']}/libamvgpu.so"
+    check(c["image"] == want_image, f"hook-installer image {want_image}", c["image"])
+    check(c.get("command", [])[:2] == ["sh", "-c"] and c["command"][3:] == [hook["sourcePath"], dst]
+          and "mv -f" in c["command"][2],
+          f"hook-installer copies {hook['sourcePath']} to {dst}, renaming over the old one",
+          str(c.get("command")))
+    mounts = c.get("volumeMounts") or []
+    check(mounts == [{"name": "vgpu-hook", "mountPath": values["hostHookPath"]}],
+          "hook-installer mounts only hostHookPath, read-write", str(mounts))
+    sc = c.get("securityContext") or {}
+    check(sc.get("runAsUser") == 0 and sc.get("capabilities", {}).get("drop") == ["ALL"]
+          and not sc.get("capabilities", {}).get("add") and sc.get("privileged") is False
+          and sc.get("allowPrivilegeEscalation") is False and sc.get("readOnlyRootFilesystem") is True,
+          "hook-installer: root (the named privilege), no capability, not privileged, read-only root",
+          str(sc))
+
+
+# The node installer's privileges, as values.yaml names them (privileged, hostPID, the host's /
+# read-write, root): exactly these Pod Security controls fail for its pods, no others.
+NODE_INSTALLER_CONTROLS = {
+    "baseline/privileged", "baseline/hostNamespaces", "baseline/hostPathVolumes",
+    "restricted/volumeTypes", "restricted/runAsNonRoot", "restricted/runAsUser",
+    "restricted/allowPrivilegeEscalation", "restricted/capabilities", "restricted/seccomp",
+}
+
+
+def check_node_installer(objects: list[dict[str, Any]], values: dict[str, Any],
+                         plugin: dict[str, Any]) -> None:
+    found = [o for o in objects if o["kind"] == "DaemonSet" and o is not plugin]
+    if not check(len(found) == 1, "nodeInstaller on: one more DaemonSet"):
+        return
+    ds = found[0]
+    template = ds["spec"]["template"]
+    spec = template["spec"]
+    name = f"{plugin['metadata']['name']}-node-installer"
+    check(ds["metadata"]["name"] == name and ds["metadata"].get("namespace") == NAMESPACE
+          and ds["metadata"]["labels"].get("app.kubernetes.io/component") == "node-installer",
+          f"DaemonSet {name} in the release namespace, component node-installer")
+    sel, psel = ds["spec"]["selector"]["matchLabels"], plugin["spec"]["selector"]["matchLabels"]
+    labels, plabels = template["metadata"]["labels"], plugin["spec"]["template"]["metadata"]["labels"]
+    check(not all(labels.get(k) == v for k, v in psel.items())
+          and not all(plabels.get(k) == v for k, v in sel.items())
+          and all(labels.get(k) == v for k, v in sel.items()),
+          "neither DaemonSet's selector matches the other's pods", f"{sel} / {psel}")
+    violated = {v.control for v in pss_violations(template)}
+    check(violated == NODE_INSTALLER_CONTROLS,
+          "its Pod Security violations are exactly the named privileges",
+          f"extra {sorted(violated - NODE_INSTALLER_CONTROLS)}, missing {sorted(NODE_INSTALLER_CONTROLS - violated)}")
+    check(spec.get("hostPID") is True and not spec.get("hostNetwork") and not spec.get("hostIPC"),
+          "hostPID, not the host's network or IPC")
+    check(spec.get("volumes") == [{"name": "host", "hostPath": {"path": "/", "type": "Directory"}}],
+          "one hostPath volume: the host's /", str(spec.get("volumes")))
+    check(spec.get("automountServiceAccountToken") is False, "no API token")
+    check(not spec.get("initContainers") and len(spec["containers"]) == 1, "one container")
+    c = spec["containers"][0]
+    image = values["nodeInstaller"]["image"]
+    want_image = f"{image['repository']}:{image['tag'] or CHART_APP_VERSION}"
+    check(c["image"] == want_image, f"image {want_image}", c["image"])
+    check(c.get("args") == ["run"] and not c.get("command"), "runs the image's entrypoint with 'run'")
+    check(c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+          == ["/bin/sh", "/usr/share/amd-gpud-node-installer/node-installer.sh", "prestop"],
+          "preStop removes amd-gpud (node-installer.sh prestop)")
+    check(c.get("volumeMounts") == [{"name": "host", "mountPath": "/host"}]
+          and {"name": "HOST_ROOT", "value": "/host"} in c.get("env", []),
+          "the host's / at /host, HOST_ROOT=/host")
+    sc = c.get("securityContext") or {}
+    check(sc.get("privileged") is True and sc.get("runAsUser") == 0, "privileged, root")
+    for key in ("nodeSelector", "tolerations", "affinity"):
+        check(spec.get(key) == plugin["spec"]["template"]["spec"].get(key),
+              f"the same {key} as the plugin")
+
+
 def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | None,
                     exceptions: list[str]) -> dict[str, Any] | None:
     print(f"\n== value set '{label}'")
@@ -436,7 +555,10 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     # The objects.
     vap = values["validatingAdmissionPolicy"]["enabled"]
     netpol = values["networkPolicy"]["enabled"]
-    want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "DaemonSet": 1,
+    installer = values["nodeInstaller"]["enabled"]
+    hook = values["hookInstaller"]["enabled"]
+    want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
+            "DaemonSet": 2 if installer else 1,
             "NetworkPolicy": 1 if netpol else 0,
             "ValidatingAdmissionPolicy": 3 if vap else 0,
             "ValidatingAdmissionPolicyBinding": 3 if vap else 0}
@@ -449,7 +571,7 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
             check(obj["metadata"].get("namespace") == NAMESPACE,
                   f"{obj['kind']} is in the release namespace")
 
-    ds = one(objects, "DaemonSet")
+    ds = plugin_ds(objects)
     template = ds["spec"]["template"]
     spec = template["spec"]
     sa = one(objects, "ServiceAccount")["metadata"]["name"]
@@ -503,8 +625,16 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
               and policy["policyTypes"] == ["Ingress"] and policy["ingress"] == want_ingress,
               "NetworkPolicy admits only metricsFrom, only to the metrics port", str(policy))
 
-    # The plugin's environment.
+    # The image: this project's own (the Go plugin's image is another program).
     container = spec["containers"][0]
+    image = values["image"]
+    want_image = f"{image['repository']}:{image['tag'] or CHART_APP_VERSION}"
+    check(container["image"] == want_image, f"the plugin's image is {want_image}", container["image"])
+    if overrides is None:
+        check(want_image == f"{DEFAULT_IMAGE}:{CHART_APP_VERSION}",
+              f"the default image is this project's ({DEFAULT_IMAGE}, tag appVersion)", want_image)
+
+    # The plugin's environment.
     env = {e["name"]: e for e in container.get("env") or []}
     want_env = expected_env(values)
     check(set(env) == set(want_env), "the container's variables are exactly the expected ones",
@@ -564,7 +694,14 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
         print(f"        allowed by pss-exceptions.txt: {v}")
     check(not unexpected, "Pod Security restricted: no violation beyond pss-exceptions.txt",
           "; ".join(map(repr, unexpected)))
+    if not hook:
+        # The init container exists only with hookInstaller.enabled.
+        stale = [name for name in stale if not name.startswith("initContainer:")]
     check(not stale, "pss-exceptions.txt has no stale entry", str(stale))
+
+    check_hook_installer(values, spec)
+    if installer:
+        check_node_installer(objects, values, ds)
     return ds
 
 
@@ -593,6 +730,12 @@ BAD_VALUES = [
     {"networkPolicy": {"enabled": True, "metricsFrom": [{"anyone": {}}]}},
     {"networkPolicy": {"enabled": "yes", "metricsFrom": []}},
     {"securityContext": {"privileged": True}},
+    {"hookInstaller": {"enabled": True}},
+    {"hookInstaller": {"sourcePath": "libamvgpu.so"}},
+    {"hookInstaller": {"bogus": 1}},
+    {"nodeInstaller": {"enabled": "yes"}},
+    {"nodeInstaller": {"image": {"repository": ""}}},
+    {"nodeInstaller": {"privileged": False}},
 ]
 
 def merged(patch: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -661,7 +804,7 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
         (copy_dir / "values.schema.json").unlink()
         with helm.Chart.load(copy_dir) as unchecked:
             objs = render(unchecked, {"runAsUser": 0, "runAsGroup": 0})
-        template = one(objs, "DaemonSet")["spec"]["template"]
+        template = plugin_ds(objs)["spec"]["template"]
         unexpected = pss_verdict(template, exceptions)[1]
         check(any(v.control == "restricted/runAsUser" for v in unexpected),
               "render with runAsUser 0 (schema removed) fails the PSS check",
@@ -681,6 +824,11 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
         check("not implemented" in str(err),
               "dp.muslFailClosed.enabled=true fails the install, saying why", str(err))
     try:
+        render(chart, {"nodeInstaller": {"enabled": True}, "runAsUser": 1000})
+        bad("nodeInstaller renders with runAsUser 1000 (its package makes 60700)")
+    except helm.HelmRenderError as err:
+        check("60700" in str(err), "nodeInstaller refuses runAsUser other than 60700", str(err))
+    try:
         render(chart, {"podLabels": {"app.kubernetes.io/name": "x"}})
         bad("podLabels may override the selector labels")
     except helm.HelmRenderError:
@@ -695,15 +843,41 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
         if hits:
             print(f"        -> {hits[0]}")
 
-    stale = pss_verdict(template, exceptions + ["no-such-volume"])[2]
+    volumes_only = [e for e in exceptions if not e.startswith("initContainer:")]
+    stale = pss_verdict(template, volumes_only + ["no-such-volume"])[2]
     check(stale == ["no-such-volume"], "an exception naming no hostPath volume is reported stale")
     shrunk = copy.deepcopy(template)
     shrunk["spec"]["volumes"] = [v for v in shrunk["spec"]["volumes"] if v["name"] != "vgpu-hook"]
-    stale = pss_verdict(shrunk, exceptions)[2]
+    stale = pss_verdict(shrunk, volumes_only)[2]
     check(stale == ["vgpu-hook"], "an exception whose volume was removed is reported stale")
+    stale = pss_verdict(template, exceptions)[2]
+    check(stale == ["initContainer:hook-installer"],
+          "an initContainer: entry without that init container is reported stale", str(stale))
     unexpected = pss_verdict(template, [e for e in exceptions if e != "dbus"])[1]
     check(any(v.volume == "dbus" for v in unexpected),
           "a hostPath volume missing from the exceptions fails the check")
+
+    # The hook installer's exception: it covers root in that init container only.
+    hooked = plugin_ds(render(chart, {"hookInstaller": {
+        "enabled": True, "image": {"repository": "registry.example/hook"}}}))["spec"]["template"]
+    check(not pss_verdict(hooked, exceptions)[1],
+          "hookInstaller's init container passes with its pss-exceptions.txt entry")
+    unexpected = pss_verdict(hooked, [e for e in exceptions if not e.startswith("initContainer:")])[1]
+    check({v.control for v in unexpected} == INIT_CONTAINER_ALLOWED,
+          "without the entry, its root UID fails the check", str(unexpected))
+    unexpected = pss_verdict(deep_merge(hooked, {"spec": {"initContainers": [
+        {"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}}), exceptions)[1]
+    check(any(v.control == "baseline/capabilities" for v in unexpected),
+          "the entry does not cover a capability added to the init container")
+    unexpected = pss_verdict(deep_merge(template, {"spec": {"containers": [
+        {"securityContext": {"runAsUser": 0, "runAsNonRoot": False}}]}}), exceptions)[1]
+    check(any(v.control == "restricted/runAsUser" for v in unexpected),
+          "the entry does not let the plugin container run as root")
+    try:
+        render(chart, {"hookInstaller": {"enabled": True, "image": {"repository": ""}}})
+        bad("hookInstaller renders without an image")
+    except (helm.HelmValuesError, helm.HelmRenderError):
+        ok("hookInstaller refuses to render without an image")
 
 
 def main() -> int:

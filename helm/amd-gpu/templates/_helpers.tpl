@@ -59,3 +59,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "amd-gpu.podResourcesDir" -}}
 {{- printf "%s/pod-resources" .Values.kubeletRootDir -}}
 {{- end -}}
+
+{{/* The node installer's image (nodeInstaller.image; tag defaults to appVersion). */}}
+{{- define "amd-gpu.nodeInstallerImage" -}}
+{{- printf "%s:%s" .Values.nodeInstaller.image.repository (default .Chart.AppVersion .Values.nodeInstaller.image.tag) -}}
+{{- end -}}
+
+{{/*
+Labels of the node installer. Its own app.kubernetes.io/name, so that neither
+DaemonSet's selector (nor the NetworkPolicy's) matches the other's pods.
+*/}}
+{{- define "amd-gpu.nodeInstallerSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "amd-gpu.name" . }}-node-installer
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "amd-gpu.nodeInstallerLabels" -}}
+helm.sh/chart: {{ include "amd-gpu.chart" . }}
+{{ include "amd-gpu.nodeInstallerSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: node-installer
+{{- end -}}
