@@ -441,18 +441,19 @@ async fn radeon() {
         .await
         .unwrap();
     assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-11");
-    // One CU is less than a WGP: a clear error naming the smallest share.
+    // One CU is less than a WGP: the pod gets the smallest share, one
+    // whole WGP, recorded as such.
     schedule(&w.api, "tiny", &[(dgpu, 1024, 1)], 201);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let err = w
+    let answer = w
         .kubelet
         .allocate(vec![format!("{}#1", dgpu.id)])
         .await
-        .unwrap_err();
-    assert!(err.message().contains("2 CUs"), "{err:?}");
+        .unwrap();
+    assert_eq!(answer.envs["HSA_CU_MASK"], "0:12-13");
     assert_eq!(
-        pod_annotation(&w.api, "tiny", "hami.io/bind-phase").as_deref(),
-        Some("failed")
+        pod_annotation(&w.api, "tiny", "hami.io/amd-cu-allocated").as_deref(),
+        Some(format!(r#"{{"{}":"12-13"}}"#, dgpu.id).as_str())
     );
     // The iGPU has no ROCr UUID: it is selected by its container-local index.
     schedule(&w.api, "apu", &[(igpu, 512, 2)], 202);

@@ -408,6 +408,11 @@ impl Allocator {
                 .iter()
                 .map(|g| (gpu_id(g), g.compute_units))
                 .collect(),
+            units: snapshot
+                .gpus
+                .iter()
+                .map(|g| (gpu_id(g), g.cus_per_wgp.max(1)))
+                .collect(),
             aliases: Aliases::of(&snapshot),
         };
         let mut occupancy = self

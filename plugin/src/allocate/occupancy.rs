@@ -35,6 +35,8 @@ use crate::{
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
     pub cus: HashMap<String, u32>,
+    /// CUs per allocation unit (2 on gfx10+) by current ID; 1 when absent.
+    pub units: HashMap<String, u32>,
     pub aliases: Aliases,
 }
 
@@ -43,6 +45,7 @@ impl FromIterator<(String, u32)> for Totals {
     fn from_iter<I: IntoIterator<Item = (String, u32)>>(iter: I) -> Self {
         Self {
             cus: iter.into_iter().collect(),
+            units: HashMap::new(),
             aliases: Aliases::default(),
         }
     }
@@ -309,7 +312,9 @@ fn judge_gpu(
             "it claims CU {max} on GPU {gpu}, which has {total} CUs"
         ));
     }
-    let allowed = granted.get(gpu).copied().unwrap_or(0);
+    // A grant below one WGP gets one whole WGP (response::smallest_share).
+    let unit = totals.units.get(gpu).copied().unwrap_or(1);
+    let allowed = super::response::smallest_share(granted.get(gpu).copied().unwrap_or(0), unit);
     let claimed = list.len();
     if allowed == 0 {
         return GpuClaim::Refused(format!(

@@ -168,6 +168,7 @@ fn records_in_the_go_plugins_format_count_on_the_gpu_they_name() {
         cus: [("GPU-8ecb9de71e8aa497".to_owned(), 304)]
             .into_iter()
             .collect(),
+        units: HashMap::new(),
         aliases: Aliases::of(&snapshot),
     };
     let go = pod(
@@ -215,6 +216,7 @@ fn a_record_under_an_ambiguous_name_is_refused_with_the_candidates() {
         cus: [("X-cpx0".to_owned(), 38), ("X-cpx1".to_owned(), 38)]
             .into_iter()
             .collect(),
+        units: HashMap::new(),
         aliases: Aliases::of(&snapshot),
     };
     let go = pod(
@@ -227,4 +229,33 @@ fn a_record_under_an_ambiguous_name_is_refused_with_the_candidates() {
     let reason = &rebuilt.distrusted[0].reason;
     assert!(reason.contains("X-cpx0, X-cpx1"), "{reason}");
     assert!(reason.contains("cannot tell which"), "{reason}");
+}
+
+/// On gfx10+ a grant of 1 CU gets one whole WGP (2 CUs): that record is
+/// within the grant and counts; 3 CUs for the same grant do not.
+#[test]
+fn one_wgp_for_a_grant_below_it_is_within_the_grant() {
+    let totals = Totals {
+        cus: [("A".to_owned(), 64)].into_iter().collect(),
+        units: [("A".to_owned(), 2)].into_iter().collect(),
+        aliases: Aliases::default(),
+    };
+    let tiny = pod(
+        "tiny",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,1:;",
+        r#"{"A":"0-1"}"#,
+    );
+    let rebuilt = Claims::default().rebuild(&[tiny], &totals, &|_| false);
+    assert!(rebuilt.distrusted.is_empty(), "{:?}", rebuilt.distrusted);
+    assert_eq!(rebuilt.maps["A"].free_count(), 62);
+    let greedy = pod(
+        "greedy",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,1:;",
+        r#"{"A":"0-2"}"#,
+    );
+    let rebuilt = Claims::default().rebuild(&[greedy], &totals, &|_| false);
+    assert_eq!(rebuilt.distrusted.len(), 1);
+    assert_eq!(rebuilt.maps["A"].free_count(), 64);
 }

@@ -42,6 +42,21 @@ impl Slice {
     }
 }
 
+/// The CUs a grant of `granted` gets on a GPU whose CUs come in units of
+/// `unit` (WGP pairs on gfx10+): a grant below one unit (1 CU, HAMi's
+/// smallest, on a gfx10+ GPU) gets one whole unit, when one is free,
+/// rather than nothing; above that, whole units as before (rounded down).
+/// HAMi then counts one CU fewer than the pod holds; the occupancy the
+/// plugin rebuilds counts what it holds, and accepts that one unit as within
+/// the grant ([`crate::allocate::occupancy`]).
+pub fn smallest_share(granted: u32, unit: u32) -> u32 {
+    if granted > 0 && granted < unit {
+        unit
+    } else {
+        granted
+    }
+}
+
 /// Chooses the slice of `gpu` for `device` and claims its CUs in `maps`
 /// (the pod's spare init-container CUs first, see [`Reuse`]).
 ///
@@ -74,7 +89,11 @@ pub fn slice(
             })?
     } else {
         reuse
-            .choose(map, device.usedcores, gpu.cus_per_wgp)
+            .choose(
+                map,
+                smallest_share(device.usedcores, gpu.cus_per_wgp),
+                gpu.cus_per_wgp,
+            )
             .map_err(|e| e.to_string())?
     };
     let vram_mib = gpu.vram_bytes / MIB;
