@@ -284,6 +284,7 @@ fn start_kube(
         hook_dir: cli.hook_path.clone(),
         resource_name: cli.resource_name.clone(),
         cdi: cli.cdi,
+        pod_resources: cli.pod_resources(),
         annotations_protected: cli.annotations_protected,
     };
     let allocator = Arc::new(allocate::Allocator::new(

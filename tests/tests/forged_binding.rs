@@ -195,3 +195,74 @@ fn a_whole_gpu_forged_by_a_pod_without_a_gpu_request_blocks_no_one() {
         assert_eq!(bind_phase(&w, "honest").as_deref(), Some("success"));
     });
 }
+
+/// Defect 4, the rest: the squatter's spec does ask for a GPU, so the spec
+/// cannot tell it from an honest pod; but kubelet never admitted it with
+/// our devices (pod-resources lists none for it), so its forged whole-GPU
+/// grant and record hold no CU, and the Warning names the squatter, not
+/// the honest pod. Before, every later pod on that GPU failed Allocate.
+#[test]
+fn a_whole_gpu_forged_by_a_pod_kubelet_never_admitted_blocks_no_one() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, async {
+        let pod_resources = tests::kubelet::pod_resources::FakePodResources::start().unwrap();
+        let args = [
+            "--pod-resources-socket".to_owned(),
+            pod_resources.socket().display().to_string(),
+        ];
+        let w = world_with(&Setup {
+            fixture: "mi300x-8-spx",
+            devices: 80,
+            gpud_args: &[],
+            plugin_args: &args,
+            prepare: &|_| {},
+        })
+        .await;
+        let g = w.gpus[5].clone();
+        // An honest pod first, admitted by kubelet.
+        common::world::schedule(&w.api, "first", &[(&g, 1024, 38)], 4000);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let id = format!("{}#0", g.id);
+        let answer = w.kubelet.allocate(vec![id.clone()]).await.unwrap();
+        assert_eq!(answer.envs["HSA_CU_MASK"], "0:0-37");
+        pod_resources.assign("default", "first", "c", "amd.com/gpu", &[id]);
+
+        let entry = encode(&[vec![grant(&g, 196_608, 304)]]);
+        let record = json!({g.id.clone(): "0-303"}).to_string();
+        w.api.put_pod(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "squatter", "namespace": "default",
+                "creationTimestamp": "2020-01-01T00:00:00Z", "annotations": {
+                "hami.io/vgpu-node": NODE, "hami.io/bind-phase": "success",
+                "hami.io/amd-devices-allocated": entry, "hami.io/amd-cu-allocated": record}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"amd.com/gpu": "1"}}}]},
+            "status": {"phase": "Running"}}));
+        common::world::schedule(&w.api, "second", &[(&g, 1024, 38)], 4001);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let answer = w.kubelet.allocate(vec![format!("{}#1", g.id)]).await;
+        let envs = answer.unwrap().envs;
+        assert_eq!(
+            envs["HSA_CU_MASK"], "0:38-75",
+            "around the first pod: {envs:?}"
+        );
+        let untrusted: Vec<Value> = w
+            .api
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == "UntrustedCuClaim")
+            .collect();
+        assert!(
+            untrusted
+                .iter()
+                .any(|e| e["regarding"]["name"] == "squatter"),
+            "{untrusted:?}"
+        );
+        assert!(
+            !untrusted.iter().any(|e| e["regarding"]["name"] == "first"),
+            "the honest pod is not blamed: {untrusted:?}"
+        );
+    });
+}

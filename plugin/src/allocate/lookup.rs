@@ -182,6 +182,7 @@ mod tests {
             hook_dir: "/nonexistent".into(),
             resource_name: "amd.com/gpu".into(),
             cdi: false,
+            pod_resources: None,
             annotations_protected: false,
         };
         let (_, snapshots) = watch::channel(Snapshot::default());

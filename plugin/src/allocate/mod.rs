@@ -3,6 +3,7 @@
 //! and environment, and write back in one merge patch of the pod; release the
 //! node lock when the pod is complete. Reads come from the watch caches.
 
+mod admitted;
 mod deadline;
 mod hint;
 mod lock;
@@ -10,6 +11,7 @@ mod lookup;
 mod occupancy;
 mod ours;
 mod pod;
+mod report;
 mod reported;
 mod response;
 mod reuse;
@@ -21,6 +23,7 @@ use std::{
     sync::Arc,
 };
 
+use admitted::Admitted;
 pub use deadline::ALLOCATE_DEADLINE;
 use deadline::hold_until;
 pub use hint::HamiHint;
@@ -44,8 +47,8 @@ use crate::{
     device_ids::Aliases,
     devices::gpu_id,
     gpud_client::Snapshot,
-    hami::{CU_ALLOCATED_KEY, ContainerDevice, TO_ALLOCATE_KEY, pop_next},
-    kube::{CALL_TIMEOUT, Caches, Events, Regarding},
+    hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
+    kube::{CALL_TIMEOUT, Caches, Events},
     vram::{Owners, owners::PodRef},
 };
 
@@ -59,6 +62,9 @@ pub struct AllocateConfig {
     pub resource_name: String,
     /// Answer with CDI device names (amd-gpud's spec) instead of device nodes.
     pub cdi: bool,
+    /// Kubelet's pod-resources socket: which pods it admitted with our
+    /// devices (only their grants count); `None` when turned off.
+    pub pod_resources: Option<PathBuf>,
     /// HAMi's pod annotations are protected by admission (`--annotations-protected`).
     pub annotations_protected: bool,
 }
@@ -326,11 +332,13 @@ impl Allocator {
         pods: &[Arc<Pod>],
         count: usize,
     ) -> Result<(ContainerAllocateResponse, bool), AllocateError> {
-        let planned = match self.plan(pod, pods, count) {
+        let resource = &self.config.resource_name;
+        let admitted = Admitted::read(self.config.pod_resources.as_deref(), resource).await;
+        let planned = match self.plan(pod, pods, count, &admitted) {
             // The cached view may still count pods that are gone or done
             // (the watch lags behind HAMi): plan once more on a fresh list.
             Err(err) if err.reason == Reason::Slice => match self.listed_view(&err).await {
-                Some(fresh) => self.plan(pod, &fresh, count),
+                Some(fresh) => self.plan(pod, &fresh, count, &admitted),
                 None => Err(err),
             },
             planned => planned,
@@ -356,6 +364,7 @@ impl Allocator {
         pod: &Pod,
         pods: &[Arc<Pod>],
         count: usize,
+        admitted: &Admitted,
     ) -> Result<(ContainerAllocateResponse, Value, bool), AllocateError> {
         let value = pod
             .annotations()
@@ -383,7 +392,7 @@ impl Allocator {
             AllocateError::new(Reason::UnknownGpu, format!("HAMi assigned {err}"))
         })?;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
-        let slices = self.slices(&entry, pods, &mut reuse)?;
+        let slices = self.slices(&entry, pods, &mut reuse, admitted)?;
         let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
         let (mut annotations, complete) =
             write_back::write_back(pod, &slices, rest).because(Reason::Annotation)?;
@@ -400,6 +409,7 @@ impl Allocator {
         entry: &[ContainerDevice],
         pods: &[Arc<Pod>],
         reuse: &mut reuse::Reuse,
+        admitted: &Admitted,
     ) -> Result<Vec<response::Slice>, AllocateError> {
         let snapshot = self.snapshots.borrow();
         let totals = occupancy::Totals {
@@ -415,9 +425,10 @@ impl Allocator {
                 .collect(),
             aliases: Aliases::of(&snapshot),
         };
-        let mut occupancy = self
-            .ours
-            .with_recorded(|ours| self.claims.rebuild(pods, &totals, ours));
+        let mut occupancy = self.ours.with_recorded(|ours| {
+            let counts = |p: &Pod| ours(p) || admitted.admits(p);
+            self.claims.rebuild(pods, &totals, ours, &counts)
+        });
         self.report_distrust(std::mem::take(&mut occupancy.distrusted), pods);
         let mut maps: HashMap<String, CuBitmap> = std::mem::take(&mut occupancy.maps);
         let mut slices = Vec::with_capacity(entry.len());
@@ -443,45 +454,6 @@ impl Allocator {
             slices.push(slice.because(Reason::Slice)?);
         }
         Ok(slices)
-    }
-
-    /// A Warning Event on `pod` when its grant cannot be had without CUs
-    /// other pods hold (HAMi counted the node otherwise): the container does
-    /// not start rather than share CUs.
-    fn report_conflict(&self, pod: &Pod, message: &str) {
-        let regarding = Regarding::Pod {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
-            uid: pod.uid().unwrap_or_default(),
-        };
-        let note = format!("not started rather than share CUs: {message}");
-        self.events
-            .warning(&regarding, "CuConflict", "Allocate", note);
-    }
-
-    /// One Warning Event per forged claim (pod and value) on the pod; `live`
-    /// are the pods whose reports are remembered.
-    fn report_distrust(&self, distrusted: Vec<occupancy::Distrust>, live: &[Arc<Pod>]) {
-        let mut reported = self
-            .reported
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for d in distrusted {
-            if !reported.first_time(&d.uid, &d.value, live) {
-                continue;
-            }
-            let note = format!(
-                "{CU_ALLOCATED_KEY} of {}/{} is not trusted as written: {}",
-                d.namespace, d.name, d.reason
-            );
-            let regarding = Regarding::Pod {
-                namespace: d.namespace,
-                name: d.name,
-                uid: d.uid,
-            };
-            self.events
-                .warning(&regarding, "UntrustedCuClaim", "Allocate", note);
-        }
     }
 
     async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<Arc<Pod>, String> {

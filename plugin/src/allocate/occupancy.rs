@@ -179,11 +179,16 @@ impl Claims {
         }))
     }
 
+    /// The occupancy over `pods`: claims this process wrote (`ours`) first,
+    /// then the others, older first. Only pods `admitted` (kubelet gave them
+    /// our devices, or the record is ours) count; another pod's claim is
+    /// reported, whatever it says.
     pub fn rebuild(
         &self,
         pods: &[Arc<Pod>],
         totals: &Totals,
         ours: &dyn Fn(&Pod) -> bool,
+        admitted: &dyn Fn(&Pod) -> bool,
     ) -> Occupancy {
         let mut cache = self
             .0
@@ -201,6 +206,7 @@ impl Claims {
             .map(|k| (k.address, Some(k)))
             .collect();
         let mut ordered = Vec::with_capacity(pods.len());
+        let mut not_admitted = Vec::new();
         for pod in pods {
             let address = Arc::as_ptr(pod).addr();
             let found = earlier
@@ -214,8 +220,13 @@ impl Claims {
             });
             let judged = Arc::clone(&entry.judged);
             kept.push(entry);
-            if !judged.terminal && judged.value.is_some() {
+            if judged.terminal || judged.value.is_none() {
+                continue;
+            }
+            if admitted(pod) {
                 ordered.push((!ours(pod), judged.age.0, pod, judged));
+            } else if let Some(value) = &judged.value {
+                not_admitted.push(distrust(pod, value, NOT_ADMITTED.to_owned()));
             }
         }
         kept.sort_unstable_by_key(|k| k.address);
@@ -227,7 +238,7 @@ impl Claims {
             .iter()
             .map(|(id, total)| (id.clone(), CuBitmap::new(id.clone(), *total)))
             .collect();
-        let mut distrusted = Vec::new();
+        let mut distrusted = not_admitted;
         let mut counted = Vec::with_capacity(ordered.len());
         for (_, _, pod, judged) in ordered {
             let problems = apply(&judged.claims, &mut maps);
@@ -243,6 +254,10 @@ impl Claims {
         }
     }
 }
+
+/// Why the claim of a pod kubelet did not admit with our devices is left out.
+const NOT_ADMITTED: &str = "kubelet's pod-resources lists no AMD device for the pod: kubelet \
+     did not admit it with one, so its grant and CUs are not its own";
 
 fn distrust(pod: &Pod, value: &str, reason: String) -> Distrust {
     let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());

@@ -25,8 +25,12 @@ fn a_forged_range_is_refused_by_its_gpu_before_anything_expands_it() {
     on_a.annotations_mut()
         .insert(reuse::CU_SPARE_KEY.into(), r#"{"A":"0"}"#.into());
     let elsewhere = pod("x", "X,T,1,2147483647:;", r#"{"X":"0-2147483646"}"#);
-    let rebuilt =
-        Claims::default().rebuild(&[Arc::new(on_a), Arc::new(elsewhere)], &totals, &|_| false);
+    let rebuilt = Claims::default().rebuild(
+        &[Arc::new(on_a), Arc::new(elsewhere)],
+        &totals,
+        &|_| false,
+        &|_| true,
+    );
     let reasons: Vec<&str> = rebuilt
         .distrusted
         .iter()

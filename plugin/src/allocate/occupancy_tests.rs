@@ -55,6 +55,7 @@ fn honest_claims_count_and_forged_ones_do_not() {
         &[honest, greedy, stranger, overlap, garbage],
         &totals,
         &|_| false,
+        &|_| true,
     );
     let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["b", "c", "d", "e"], "each forged claim is reported");
@@ -77,9 +78,9 @@ fn a_kept_judgement_serves_only_the_same_pod_version() {
         "A,T,1024,76:;",
         r#"{"A":"0-75"}"#,
     );
-    let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
+    let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false, &|_| true);
     assert_eq!(free(&rebuilt.maps), 304 - 76);
-    let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false);
+    let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false, &|_| true);
     assert_eq!(free(&rebuilt.maps), 304 - 76, "kept, same answer");
     // Another version (a new object), even with the same resourceVersion
     // (the plugin's record puts values back that way), is judged again.
@@ -87,11 +88,11 @@ fn a_kept_judgement_serves_only_the_same_pod_version() {
     edited
         .annotations_mut()
         .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-199"}"#.into());
-    let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false);
+    let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false, &|_| true);
     assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
     assert_eq!(free(&rebuilt.maps), 304);
     assert_eq!(claims.0.lock().unwrap().kept.len(), 1, "one per cached pod");
-    claims.rebuild(&[], &totals, &|_| false);
+    claims.rebuild(&[], &totals, &|_| false, &|_| true);
     assert!(
         claims.0.lock().unwrap().kept.is_empty(),
         "gone with the pod"
@@ -114,7 +115,7 @@ fn a_claim_that_overlaps_another_counts_with_it_and_is_reported() {
         r#"{"A":"200-209,250-259"}"#,
     );
     let pods = [Arc::clone(&newer), Arc::clone(&older)];
-    let rebuilt = Claims::default().rebuild(&pods, &totals, &|_| false);
+    let rebuilt = Claims::default().rebuild(&pods, &totals, &|_| false, &|_| true);
     assert_eq!(rebuilt.distrusted.len(), 1);
     assert_eq!(
         rebuilt.distrusted[0].name, "f",
@@ -126,7 +127,7 @@ fn a_claim_that_overlaps_another_counts_with_it_and_is_reported() {
     // A stale pod (gone from the API, still cached) overlapping a claim of
     // ours: ours comes first, the other is the one reported.
     let ours = |p: &Pod| p.metadata.name.as_deref() == Some("f");
-    let rebuilt = Claims::default().rebuild(&pods, &totals, &ours);
+    let rebuilt = Claims::default().rebuild(&pods, &totals, &ours, &|_| true);
     assert_eq!(rebuilt.distrusted[0].name, "g");
     assert_eq!(rebuilt.maps["A"].free_count(), 304 - 20);
 }
@@ -143,7 +144,7 @@ fn finished_pods_release_their_cus() {
     let mut finished = (*done).clone();
     finished.status.as_mut().unwrap().phase = Some("Succeeded".into());
     let maps = Claims::default()
-        .rebuild(&[Arc::new(finished)], &totals, &|_| false)
+        .rebuild(&[Arc::new(finished)], &totals, &|_| false, &|_| true)
         .maps;
     assert_eq!(free(&maps), 304);
 }
@@ -183,7 +184,7 @@ fn records_in_the_go_plugins_format_count_on_the_gpu_they_name() {
         "GPU-8ecb9de71e8aa497,AMD Instinct MI300X,16384,76:;",
         r#"{"GPU-8ecb9de71e8aa497":"76-151"}"#,
     );
-    let rebuilt = Claims::default().rebuild(&[go, ours], &totals, &|_| false);
+    let rebuilt = Claims::default().rebuild(&[go, ours], &totals, &|_| false, &|_| true);
     assert!(rebuilt.distrusted.is_empty(), "{:?}", rebuilt.distrusted);
     let map = &rebuilt.maps["GPU-8ecb9de71e8aa497"];
     assert_eq!(map.free_count(), 304 - 152, "both records count");
@@ -225,7 +226,7 @@ fn a_record_under_an_ambiguous_name_is_refused_with_the_candidates() {
         "GPU-0000000000000001#cpx,T,1024,38:;",
         r#"{"GPU-0000000000000001#cpx":"0-37"}"#,
     );
-    let rebuilt = Claims::default().rebuild(&[go], &totals, &|_| false);
+    let rebuilt = Claims::default().rebuild(&[go], &totals, &|_| false, &|_| true);
     let reason = &rebuilt.distrusted[0].reason;
     assert!(reason.contains("X-cpx0, X-cpx1"), "{reason}");
     assert!(reason.contains("cannot tell which"), "{reason}");
@@ -246,7 +247,7 @@ fn one_wgp_for_a_grant_below_it_is_within_the_grant() {
         "A,T,1024,1:;",
         r#"{"A":"0-1"}"#,
     );
-    let rebuilt = Claims::default().rebuild(&[tiny], &totals, &|_| false);
+    let rebuilt = Claims::default().rebuild(&[tiny], &totals, &|_| false, &|_| true);
     assert!(rebuilt.distrusted.is_empty(), "{:?}", rebuilt.distrusted);
     assert_eq!(rebuilt.maps["A"].free_count(), 62);
     let greedy = pod(
@@ -255,7 +256,40 @@ fn one_wgp_for_a_grant_below_it_is_within_the_grant() {
         "A,T,1024,1:;",
         r#"{"A":"0-2"}"#,
     );
-    let rebuilt = Claims::default().rebuild(&[greedy], &totals, &|_| false);
+    let rebuilt = Claims::default().rebuild(&[greedy], &totals, &|_| false, &|_| true);
     assert_eq!(rebuilt.distrusted.len(), 1);
     assert_eq!(rebuilt.maps["A"].free_count(), 64);
+}
+
+/// Issue 19, defect 4: an older pod kubelet never admitted with our
+/// devices forges a grant and a one-CU claim inside an honest pod's slice.
+/// Before, both counted, the overlap was blamed on the honest (younger)
+/// pod and a pod needing that CU was refused; now the forgery is left out
+/// and reported on the forger, and the honest claim counts whole.
+#[test]
+fn a_claim_of_a_pod_kubelet_did_not_admit_neither_counts_nor_shadows() {
+    let totals = one_gpu();
+    let forger = pod(
+        "forger",
+        "2026-11-29T07:00:00Z",
+        "A,T,1024,1:;",
+        r#"{"A":"40"}"#,
+    );
+    let honest = pod(
+        "honest",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
+    );
+    let admitted = |p: &Pod| p.name_any() == "honest";
+    let rebuilt = Claims::default().rebuild(&[forger, honest], &totals, &|_| false, &admitted);
+    let names: Vec<&str> = rebuilt.distrusted.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["forger"], "blamed on the forger only");
+    assert!(
+        rebuilt.distrusted[0].reason.contains("pod-resources"),
+        "{}",
+        rebuilt.distrusted[0].reason
+    );
+    assert_eq!(free(&rebuilt.maps), 304 - 76);
+    assert_eq!(rebuilt.holders("A"), ["default/honest"]);
 }
