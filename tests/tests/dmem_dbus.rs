@@ -387,3 +387,96 @@ fn another_file_system_mounted_over_a_pod_cgroup_is_refused() {
         );
     });
 }
+
+/// Issue 19, defect 5: a cgroup write that never returns (a FIFO stands in
+/// for a hung kernel) does not hold the answer past its 5 s deadline, other
+/// answers go on meanwhile, a second write is refused as Busy instead of
+/// piling up another blocked thread, and writes resume once it returns.
+#[test]
+fn a_cap_write_that_never_returns_misses_its_deadline_and_blocks_no_answer() {
+    if !can_run() {
+        return;
+    }
+    let node = start(Policy::Shipped, Some(CgroupDriver::Systemd), &[]);
+    let pod_dir = fixture::cgroup::add_pod(
+        node.root.path(),
+        CgroupDriver::Systemd,
+        QosClass::Guaranteed,
+        GUARANTEED,
+    )
+    .unwrap();
+    let max = pod_dir.join("dmem.max");
+    let original = std::fs::read(&max).unwrap_or_default();
+    let _ = std::fs::remove_file(&max);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &max,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let one = |gpu: &'static str, bytes: u64| HashMap::from([(gpu, bytes)]);
+    common::run_async(Duration::from_secs(60), async {
+        let proxy = node_proxy(&node.bus).await;
+        let started = std::time::Instant::now();
+        let blocked = proxy.set_pod_vram_limits(GUARANTEED, one(GPU0, GIB));
+        let (blocked, generation) = tokio::join!(blocked, async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let asked = std::time::Instant::now();
+            let generation = proxy.generation().await;
+            (generation, asked.elapsed())
+        });
+        let waited = started.elapsed();
+        let err = blocked.unwrap_err();
+        assert!(
+            matches!(&err, ApiError::Failed(m) if m.contains("did not finish within")),
+            "{err:?}"
+        );
+        assert!(waited < Duration::from_secs(9), "answered after {waited:?}");
+        eprintln!(
+            "blocked write answered after {waited:?}; Generation meanwhile in {:?}",
+            generation.1
+        );
+        generation.0.unwrap();
+        let err = proxy
+            .set_pod_vram_limits(BURSTABLE, one(GPU0, GIB))
+            .await
+            .unwrap_err();
+        assert!(matches!(&err, ApiError::Busy(_)), "{err:?}");
+        // amd-gpud's thread is blocked opening the FIFO to read it: a writer
+        // lets it in, a regular file takes the FIFO's place for the write
+        // that follows, and closing the writer ends the read.
+        let writer = fifo_writer(&max);
+        rustix::io::write(&writer, &original).unwrap();
+        let stand_in = pod_dir.join("dmem.max.regular");
+        std::fs::write(&stand_in, &original).unwrap();
+        std::fs::rename(&stand_in, &max).unwrap();
+        drop(writer);
+        let mut resumed = false;
+        for _ in 0..50 {
+            match proxy.set_pod_vram_limits(BURSTABLE, one(GPU0, GIB)).await {
+                Ok(_) => {
+                    resumed = true;
+                    break;
+                }
+                Err(ApiError::Busy(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert!(resumed, "writes resume once the blocked one returns");
+    });
+}
+
+/// The FIFO opened for writing, once amd-gpud has opened it for reading.
+fn fifo_writer(fifo: &Path) -> std::os::fd::OwnedFd {
+    use rustix::fs::{Mode, OFlags};
+    for _ in 0..1000 {
+        match rustix::fs::open(fifo, OFlags::WRONLY | OFlags::NONBLOCK, Mode::empty()) {
+            Ok(fd) => return fd,
+            Err(rustix::io::Errno::NXIO) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("opening {}: {e}", fifo.display()),
+        }
+    }
+    panic!("amd-gpud never opened {} for reading", fifo.display());
+}
