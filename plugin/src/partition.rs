@@ -138,7 +138,7 @@ fn partitions_of_mode(gpu: &GpuInfo, listed: usize) -> u32 {
 }
 
 /// Follows `raw` snapshots and the operating `mode`, publishing the view
-/// of the one in the other.
+/// of the one in the other; a closed `mode` channel leaves the last mode.
 pub fn follow(
     mut raw: watch::Receiver<Snapshot>,
     mut mode: watch::Receiver<OperatingMode>,
@@ -146,10 +146,18 @@ pub fn follow(
     let first = view(&raw.borrow_and_update(), *mode.borrow_and_update());
     let (tx, rx) = watch::channel(first);
     tokio::spawn(async move {
+        // Without a follower of the mode annotation (no Kubernetes API) the
+        // mode's sender is gone: the mode is fixed, the snapshots go on.
+        let mut mode_open = true;
         loop {
             tokio::select! {
                 changed = raw.changed() => if changed.is_err() { return },
-                changed = mode.changed() => if changed.is_err() { return },
+                changed = mode.changed(), if mode_open => {
+                    if changed.is_err() {
+                        mode_open = false;
+                        continue;
+                    }
+                }
             }
             let next = view(&raw.borrow_and_update(), *mode.borrow_and_update());
             tx.send_if_modified(|s| {

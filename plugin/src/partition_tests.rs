@@ -122,3 +122,24 @@ fn the_annotation_wins_and_unknown_values_mean_cu() {
     assert_eq!(resolve(Some("cu"), Partition), Cu);
     assert_eq!(resolve(Some("mig"), Partition), Cu);
 }
+
+/// With no follower of the mode annotation (the plugin without the
+/// Kubernetes API) the mode's sender is dropped at once: the snapshots
+/// must still be followed.
+#[test]
+fn snapshots_are_followed_when_the_mode_sender_is_gone() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (raw_tx, raw) = watch::channel(Snapshot::default());
+        let (mode_tx, mode) = watch::channel(OperatingMode::Cu);
+        drop(mode_tx);
+        let mut view = follow(raw, mode);
+        raw_tx.send_replace(node());
+        let changed = tokio::time::timeout(std::time::Duration::from_secs(5), view.changed()).await;
+        assert!(matches!(changed, Ok(Ok(()))), "the new snapshot arrives");
+        assert_eq!(view.borrow().gpus.len(), 2);
+    });
+}
