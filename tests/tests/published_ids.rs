@@ -1,8 +1,7 @@
 //! Issue 20, point 1: a GPU's published ID does not change when AMD SMI is
 //! missing, fails or comes back. amd-gpud first runs with the fake AMD SMI
 //! (the ID is its UUID), then restarts without it: the ID stays, and so do
-//! the kubelet device IDs and the register annotation the plugin builds on
-//! it. Private bus with the shipped policy. Needs root.
+//! the device IDs the running plugin gives kubelet. Private bus with the shipped policy. Needs root.
 
 // An integration-test file is itself the test module, and a failed unwrap is a
 // failed test here.
@@ -15,6 +14,7 @@ use std::{path::Path, time::Duration};
 use tests::{
     bus::{Policy, PrivateBus},
     fixture::{self, BuildOptions},
+    kubelet::FakeKubelet,
     stack,
 };
 
@@ -63,7 +63,21 @@ fn the_published_id_survives_amd_smi_going_away() {
         let fixture = root.path().join(fixture::FIXTURE_FILE);
         let mut gpud =
             stack::gpud_with_amdsmi(&fake_node, &bus, root.path(), library, &fixture).unwrap();
+        let kubelet = FakeKubelet::start().await.unwrap();
+        let _plugin =
+            stack::plugin(&fake_node, &bus, kubelet.dir(), ["--health-pulse", "1"]).unwrap();
         let with_smi = published(&bus).await;
+        let listed = kubelet
+            .wait_devices(Duration::from_secs(20), |d| d.len() == 80)
+            .await
+            .unwrap();
+        let before: Vec<String> = listed.iter().map(|d| d.id.clone()).collect();
+        assert!(
+            before
+                .iter()
+                .any(|id| id.starts_with(&with_smi.amdsmi_uuid)),
+            "{before:?}"
+        );
         assert!(!with_smi.amdsmi_uuid.is_empty(), "{with_smi:?}");
         assert_eq!(with_smi.published_id, with_smi.amdsmi_uuid, "first choice");
         let text = std::fs::read_to_string(state_file(root.path())).unwrap();
@@ -75,6 +89,11 @@ fn the_published_id_survives_amd_smi_going_away() {
         let without = published(&bus).await;
         assert!(without.amdsmi_uuid.is_empty(), "{without:?}");
         assert_eq!(without.published_id, with_smi.published_id);
+        // The plugin reads the restarted amd-gpud (on its owner change, and
+        // every 1 s pulse): kubelet's device IDs do not move.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after: Vec<String> = kubelet.devices().iter().map(|d| d.id.clone()).collect();
+        assert_eq!(after, before, "kubelet's devices keep their IDs");
         let table = plugin::devices::DeviceTable::build(
             &plugin::gpud_client::Snapshot {
                 gpus: vec![without.clone()],
