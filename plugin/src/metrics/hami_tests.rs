@@ -178,6 +178,8 @@ fn a_pod_that_ends_loses_its_series_and_no_answer_shows_no_use() {
 #[test]
 fn the_series_list_is_in_sync() {
     let m = Metrics::new();
+    m.record_allocate(std::time::Duration::from_millis(1), Err("unknown_gpu"));
+    m.observe_gpus(&snapshot(), 0, &crate::metrics::Usage::new());
     let text = scrape(&m, &[pod()], Some(&measured()));
     let mut types: Vec<String> = text
         .lines()
