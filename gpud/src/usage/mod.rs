@@ -29,21 +29,21 @@ use crate::{
 };
 
 /// KFD processes looked at per read; more are left out (and counted).
-pub(crate) const MAX_PROCESSES: usize = 4096;
+pub const MAX_PROCESSES: usize = 4096;
 /// Entries of each list of an answer.
-pub(crate) const MAX_ENTRIES: usize = 16384;
+pub const MAX_ENTRIES: usize = 16384;
 
 /// What to read: the GPUs (PCI addresses) and the KFD `gpu_id`s of their
 /// partitions, from the inventory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Targets {
+pub struct Targets {
     pub gpus: Vec<String>,
     pub gpu_ids: Vec<u64>,
 }
 
 /// One read, with what it left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Reading {
+pub struct Reading {
     pub usage: Usage,
     /// KFD processes past [`MAX_PROCESSES`].
     pub skipped: usize,
@@ -53,7 +53,7 @@ pub(crate) struct Reading {
 
 /// The pod cgroup layouts to recognise: kubelet's driver when the flags or
 /// its config say it (both drivers otherwise), under its `cgroupRoot`.
-pub(crate) fn layouts(paths: &HostPaths, config: &DmemConfig) -> Vec<Layout> {
+pub fn layouts(paths: &HostPaths, config: &DmemConfig) -> Vec<Layout> {
     let kubelet = KubeletCgroups::read(&paths.kubelet_config()).unwrap_or_default();
     let root = config
         .cgroup_root
@@ -77,7 +77,7 @@ type Key = (String, String, u64);
 
 /// Reads everything once (blocking I/O; run it off the executor, within a
 /// deadline).
-pub(crate) fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading {
+pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading {
     let mut reading = Reading::default();
     let mut vram: BTreeMap<Key, (u32, u64)> = BTreeMap::new();
     let mut pods: BTreeMap<String, PathBuf> = BTreeMap::new();
