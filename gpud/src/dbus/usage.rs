@@ -95,41 +95,35 @@ pub fn targets(service: &Service) -> Targets {
 /// `Failed` when the read misses [`READ_LIMIT`], or an earlier one is still
 /// blocked in the kernel.
 pub async fn get(state: &UsageState, targets: Targets) -> Result<Answer, ApiError> {
-    let waited = tokio::time::timeout(READ_LIMIT, state.gate.lock()).await;
+    // One deadline for the whole call: the wait for an earlier read and this one.
+    let deadline = tokio::time::Instant::now() + READ_LIMIT;
+    let waited = tokio::time::timeout_at(deadline, state.gate.lock()).await;
     let _gate = waited.map_err(|_| ApiError::Failed("another usage read is late".to_owned()))?;
     if let Some(reading) = state.cache.fresh(Instant::now()) {
         return Ok(answer(&reading));
     }
     if state.busy.swap(true, Ordering::AcqRel) {
-        let err = deadline::Overdue::StillBlocked {
-            what: "the usage read",
-        };
+        let err = deadline::Overdue::StillBlocked { what: WHAT };
         return Err(ApiError::Failed(err.to_string()));
     }
-    let (paths, dmem, busy) = (state.paths.clone(), state.dmem.clone(), state.busy.clone());
+    let (paths, dmem) = (state.paths.clone(), state.dmem.clone());
+    let release = Release(state.busy.clone());
     let started = Instant::now();
-    let rx = deadline::spawn("the usage read", move || {
+    let rx = deadline::spawn(WHAT, move || {
+        let _release = release;
         let layouts = usage::layouts(&paths, &dmem);
-        let reading = usage::read(&paths, &layouts, &targets);
-        busy.store(false, Ordering::Release);
-        reading
+        usage::read(&paths, &layouts, &targets)
     })
-    .map_err(|e| {
-        state.busy.store(false, Ordering::Release);
-        ApiError::Failed(e.to_string())
-    })?;
-    let reading = match tokio::time::timeout(READ_LIMIT, rx).await {
+    .map_err(|e| ApiError::Failed(e.to_string()))?;
+    let reading = match tokio::time::timeout_at(deadline, rx).await {
         Ok(Ok(reading)) => Arc::new(reading),
         Ok(Err(_)) => {
-            state.busy.store(false, Ordering::Release);
-            let err = deadline::Overdue::Died {
-                what: "the usage read",
-            };
+            let err = deadline::Overdue::Died { what: WHAT };
             return Err(ApiError::Failed(err.to_string()));
         }
         Err(_) => {
             let err = deadline::Overdue::Late {
-                what: "the usage read",
+                what: WHAT,
                 limit: READ_LIMIT,
             };
             tracing::warn!("GetUsage: {err}");
@@ -152,7 +146,66 @@ pub async fn get(state: &UsageState, targets: Targets) -> Result<Answer, ApiErro
     Ok(answer(&reading))
 }
 
+const WHAT: &str = "the usage read";
+
+/// Clears the busy flag when the read's thread ends, however it ends (a
+/// thread that never returns from the kernel keeps it set: no second read).
+struct Release(Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 fn answer(reading: &Reading) -> Answer {
     let u = &reading.usage;
     (u.containers.clone(), u.dmem.clone(), u.gpus.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_read_blocked_in_the_kernel_fails_in_time_and_starts_no_second() {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let tmp = tempfile::tempdir().unwrap();
+            let paths = HostPaths::under(tmp.path());
+            fs::create_dir_all(paths.kfd_proc().join("77")).unwrap();
+            fs::create_dir_all(paths.proc.join("77")).unwrap();
+            // Opening a FIFO with no writer blocks, as a hung sysfs read does.
+            let fifo = paths.proc.join("77/cgroup");
+            rustix::fs::mkfifoat(
+                rustix::fs::CWD,
+                &fifo,
+                rustix::fs::Mode::from_raw_mode(0o600),
+            )
+            .unwrap();
+            let state = UsageState::new(paths, DmemConfig::default());
+            let start = Instant::now();
+            let late = get(&state, Targets::default()).await.unwrap_err();
+            assert!(
+                matches!(&late, ApiError::Failed(m) if m.contains("did not finish")),
+                "{late:?}"
+            );
+            assert!(start.elapsed() < READ_LIMIT + Duration::from_secs(1));
+            let blocked = get(&state, Targets::default()).await.unwrap_err();
+            assert!(
+                matches!(&blocked, ApiError::Failed(m) if m.contains("still blocked")),
+                "{blocked:?}"
+            );
+            // The writer comes: the read ends, and the next call reads again.
+            drop(fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            fs::remove_file(&fifo).unwrap();
+            fs::write(&fifo, "0::/system.slice/x.service\n").unwrap();
+            let (containers, _, _) = get(&state, Targets::default()).await.unwrap();
+            assert!(containers.is_empty());
+        })
+        .await
+        .expect("timed out");
+    }
 }
