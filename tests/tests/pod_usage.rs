@@ -68,47 +68,17 @@ async fn gpu0(w: &World) -> (String, u64) {
 
 async fn scenario() {
     let w = world().await;
-    let g0 = &w.gpus[0];
-    schedule(&w.api, "llm", &[(g0, 49_152, 76)], 100);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    w.kubelet
-        .allocate(vec![format!("{}#0", g0.id)])
-        .await
-        .unwrap();
-    let mut pod = w.api.get(Kind::Pod, "default", "llm").unwrap();
+    let mut pod = start_pod(&w).await;
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    pod["status"] = serde_json::json!({"phase": "Running", "containerStatuses": [{
-        "name": "c", "containerID": format!("containerd://{CID}"), "image": "rocm",
-        "imageID": "", "ready": true, "restartCount": 0}]});
-    w.api.put(Kind::Pod, pod.clone());
-
     let (bdf, gpu_id) = gpu0(&w).await;
     let root = w.root();
     let pod_cgroup = format!(
         "/kubepods.slice/kubepods-pod{}.slice",
         uid.replace('-', "_")
     );
-    // The GPU's and the pod cgroup's files first: a poll may come between.
-    write(
-        &root.join(format!("sys/fs/cgroup{pod_cgroup}/dmem.current")),
-        &format!("drm/{bdf}/vram {}\n", 320 * MIB),
-    );
-    write(
-        &root.join(format!("sys/bus/pci/devices/{bdf}/mem_info_vram_used")),
-        &format!("{}\n", 9u64 << 30),
-    );
-    write(
-        &root.join(format!("sys/bus/pci/devices/{bdf}/gpu_busy_percent")),
-        "63\n",
-    );
-
-    process(
-        root,
-        4100,
-        &format!("{pod_cgroup}/cri-containerd-{CID}.scope"),
-        gpu_id,
-        300 * MIB,
-    );
+    gpu_and_pod_files(root, &bdf, &pod_cgroup);
+    let container_cgroup = format!("{pod_cgroup}/cri-containerd-{CID}.scope");
+    process(root, 4100, &container_cgroup, gpu_id, 300 * MIB);
     // A process in the pod cgroup itself: the one container holding the GPU.
     process(root, 4101, &pod_cgroup, gpu_id, 20 * MIB);
     // A host service and a look-alike outside kubepods: never a pod's.
@@ -119,68 +89,14 @@ async fn scenario() {
         gpu_id,
         8u64 << 30,
     );
-    process(
-        root,
-        4201,
-        &format!("/system.slice{pod_cgroup}/x"),
-        gpu_id,
-        1 << 30,
-    );
+    let look_alike = format!("/system.slice{pod_cgroup}/x");
+    process(root, 4201, &look_alike, gpu_id, 1 << 30);
     let container = [("namespace", "default"), ("pod", "llm"), ("container", "c")];
     let scrape = until(&w, |s| {
         value(s, "hami_vgpu_memory_used_bytes", &container) == Some(320.0 * 1_048_576.0)
     })
     .await;
-    let c = [
-        &container[..],
-        &[
-            ("vdevice_index", "0"),
-            ("device_uuid", g0.id.as_str()),
-            ("zone", "vGPU"),
-        ],
-    ]
-    .concat();
-    assert_eq!(
-        value(&scrape, "hami_vgpu_memory_limit_bytes", &c),
-        Some(49_152.0 * 1_048_576.0)
-    );
-    assert_eq!(
-        value(&scrape, "amdgpu_dp_container_compute_units", &container),
-        Some(76.0)
-    );
-    let pod_labels = [
-        ("namespace", "default"),
-        ("pod", "llm"),
-        ("pci_bdf", bdf.as_str()),
-    ];
-    assert_eq!(
-        value(&scrape, "amdgpu_dp_pod_vram_charged_bytes", &pod_labels),
-        Some(320.0 * 1_048_576.0)
-    );
-    let host = [
-        ("device_uuid", g0.id.as_str()),
-        ("node", common::world::NODE),
-        ("device_index", "0"),
-    ];
-    assert_eq!(
-        value(&scrape, "hami_host_gpu_memory_used_bytes", &host),
-        Some(f64::from(9u32) * 1_073_741_824.0)
-    );
-    assert_eq!(
-        value(&scrape, "hami_host_gpu_utilization_ratio", &host),
-        Some(63.0)
-    );
-    let counted: f64 = scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == "hami_vgpu_memory_used_bytes")
-        .filter_map(|s| number(&s.value))
-        .sum();
-    assert_eq!(
-        counted,
-        320.0 * 1_048_576.0,
-        "the host service's VRAM counts for no pod"
-    );
+    check_series(&scrape, &w.gpus[0].id, &bdf);
 
     // The pod ends: its processes go, then the pod; so do its series.
     std::fs::remove_dir_all(root.join("sys/class/kfd/kfd/proc/4100")).unwrap();
@@ -195,6 +111,76 @@ async fn scenario() {
         !s.samples.iter().any(|x| x.labels.get("pod") == Some("llm"))
     })
     .await;
+}
+
+/// HAMi places pod `llm` (48 GiB, 76 CUs of GPU 0), kubelet allocates it,
+/// and it runs with container `c` of runtime ID [`CID`]. Returns the pod.
+async fn start_pod(w: &World) -> serde_json::Value {
+    let g0 = &w.gpus[0];
+    schedule(&w.api, "llm", &[(g0, 49_152, 76)], 100);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.kubelet
+        .allocate(vec![format!("{}#0", g0.id)])
+        .await
+        .unwrap();
+    let mut pod = w.api.get(Kind::Pod, "default", "llm").unwrap();
+    pod["status"] = serde_json::json!({"phase": "Running", "containerStatuses": [{
+        "name": "c", "containerID": format!("containerd://{CID}"), "image": "rocm",
+        "imageID": "", "ready": true, "restartCount": 0}]});
+    w.api.put(Kind::Pod, pod.clone());
+    pod
+}
+
+/// GPU 0's sysfs use and the pod cgroup's `dmem.current`, written before the
+/// processes (a poll may come between).
+fn gpu_and_pod_files(root: &Path, bdf: &str, pod_cgroup: &str) {
+    let dmem = root.join(format!("sys/fs/cgroup{pod_cgroup}/dmem.current"));
+    write(&dmem, &format!("drm/{bdf}/vram {}\n", 320 * MIB));
+    let pci = root.join(format!("sys/bus/pci/devices/{bdf}"));
+    write(
+        &pci.join("mem_info_vram_used"),
+        &format!("{}\n", 9u64 << 30),
+    );
+    write(&pci.join("gpu_busy_percent"), "63\n");
+}
+
+fn check_series(scrape: &Scrape, gpu: &str, bdf: &str) {
+    let container = [("namespace", "default"), ("pod", "llm"), ("container", "c")];
+    let extra = [
+        ("vdevice_index", "0"),
+        ("device_uuid", gpu),
+        ("zone", "vGPU"),
+    ];
+    let c = [&container[..], &extra[..]].concat();
+    let limit = value(scrape, "hami_vgpu_memory_limit_bytes", &c);
+    assert_eq!(limit, Some(49_152.0 * 1_048_576.0));
+    let cus = value(scrape, "amdgpu_dp_container_compute_units", &container);
+    assert_eq!(cus, Some(76.0));
+    let pod = [("namespace", "default"), ("pod", "llm"), ("pci_bdf", bdf)];
+    let charged = value(scrape, "amdgpu_dp_pod_vram_charged_bytes", &pod);
+    assert_eq!(charged, Some(320.0 * 1_048_576.0));
+    let host = [
+        ("device_uuid", gpu),
+        ("node", common::world::NODE),
+        ("device_index", "0"),
+    ];
+    let used = value(scrape, "hami_host_gpu_memory_used_bytes", &host);
+    assert_eq!(used, Some(9.0 * 1_073_741_824.0));
+    assert_eq!(
+        value(scrape, "hami_host_gpu_utilization_ratio", &host),
+        Some(63.0)
+    );
+    let counted: f64 = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "hami_vgpu_memory_used_bytes")
+        .filter_map(|s| number(&s.value))
+        .sum();
+    assert_eq!(
+        counted,
+        320.0 * 1_048_576.0,
+        "the host service's VRAM counts for no pod"
+    );
 }
 
 /// Scrapes until `done` holds (amd-gpud caches 2 s, the plugin asks every 5 s).
