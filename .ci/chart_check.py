@@ -26,6 +26,9 @@ feature on), it checks:
      privileges values.yaml names (privileged, hostPID, the host's /, root),
      a preStop that removes amd-gpud, and a selector disjoint from the plugin's;
      the default image is this project's, tagged with appVersion.
+  6. the dashboard (.ci/dashboard_check.py says what is checked): off by
+     default renders no ConfigMap; on, one ConfigMap in dashboard.namespace
+     with the grafana_dashboard label and the dashboard file as its data.
 Self-tests prove the checks bite: values the schema must reject; the policy
 refusing to render for Kubernetes < 1.30; podLabels that would override the
 chart's labels; a render of the chart with its schema removed and runAsUser 0;
@@ -48,6 +51,9 @@ import helm_python as helm
 from helm_python import _native
 import kubernetes_validate
 import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import dashboard_check  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "amd-gpu"
@@ -561,7 +567,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
             "DaemonSet": 2 if installer else 1,
             "NetworkPolicy": 1 if netpol else 0,
             "ValidatingAdmissionPolicy": 3 if vap else 0,
-            "ValidatingAdmissionPolicyBinding": 3 if vap else 0}
+            "ValidatingAdmissionPolicyBinding": 3 if vap else 0,
+            "ConfigMap": 1 if values["dashboard"]["enabled"] else 0}
     have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
     extra = sorted({o["kind"] for o in objects} - set(want))
     check(have == want and not extra, "the expected objects and no others",
@@ -571,6 +578,7 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
             check(obj["metadata"].get("namespace") == NAMESPACE,
                   f"{obj['kind']} is in the release namespace")
 
+    check_dashboard_configmap(objects, values)
     ds = plugin_ds(objects)
     template = ds["spec"]["template"]
     spec = template["spec"]
@@ -880,6 +888,26 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
         ok("hookInstaller refuses to render without an image")
 
 
+def check_dashboard_configmap(objects: list[dict[str, Any]], values: dict[str, Any]) -> None:
+    dash = values["dashboard"]
+    maps = [o for o in objects if o["kind"] == "ConfigMap"]
+    if not dash["enabled"]:
+        check(not maps, "dashboard off: no ConfigMap")
+        return
+    if not check(len(maps) == 1, "dashboard on: one ConfigMap"):
+        return
+    cm = maps[0]
+    labels = cm["metadata"].get("labels", {})
+    check(all(labels.get(k) == v for k, v in dash["labels"].items())
+          and labels.get("grafana_dashboard") == "1",
+          "dashboard ConfigMap carries the grafana_dashboard label")
+    check(cm["metadata"].get("namespace") == (dash["namespace"] or NAMESPACE),
+          "dashboard ConfigMap is in dashboard.namespace (else the release's)")
+    data = cm.get("data", {}).get("amd-gpu.json", "")
+    check(json.loads(data) == json.loads(dashboard_check.DASHBOARD.read_text()),
+          "dashboard ConfigMap holds dashboards/amd-gpu.json")
+
+
 def main() -> int:
     print(f"helm-python-sdk {helm.__version__} (Helm SDK {helm.helm_sdk_version()}), "
           f"kubernetes-validate {kubernetes_validate.__version__}")
@@ -894,6 +922,7 @@ def main() -> int:
         features = yaml.safe_load((CHART / "ci" / "all-features-values.yaml").read_text())
         check_value_set(chart, "all-features (ci/all-features-values.yaml)", features, exceptions)
         check_value_set(chart, "the seed's spellings", SEED_SPELLINGS, exceptions)
+        dashboard_check.check_dashboard(check)
         if ds is not None:
             self_tests(chart, ds, exceptions)
         else:

@@ -22,5 +22,6 @@ pub mod published_ids;
 pub mod restore_check;
 pub mod service;
 pub mod topology;
+pub mod usage;
 
 pub use hostpaths::HostPaths;

@@ -12,6 +12,7 @@ pub mod error;
 pub mod names;
 pub mod proxy;
 pub mod types;
+pub mod usage;
 
 pub use error::ApiError;
 pub use names::*;

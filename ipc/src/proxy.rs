@@ -70,6 +70,25 @@ pub trait Node {
         mode: &str,
     ) -> Result<String, ApiError>;
 
+    /// What the pods and GPUs use now: the VRAM each container's processes
+    /// hold per KFD GPU (from KFD's per-process files; processes outside pod
+    /// cgroups are left out), each pod's `dmem.current`, and each GPU's VRAM
+    /// used, activity, temperature and power. Read at most once per 2 s
+    /// (callers within get the same answer), within a deadline. Root or the
+    /// plugin. Errors: `Failed` (the read did not finish in time or is
+    /// still blocked), `AccessDenied`.
+    #[allow(clippy::type_complexity)]
+    fn get_usage(
+        &self,
+    ) -> Result<
+        (
+            Vec<crate::usage::ContainerVram>,
+            Vec<crate::usage::PodDmem>,
+            Vec<crate::usage::GpuUse>,
+        ),
+        ApiError,
+    >;
+
     /// Emitted after every change of the inventory: the new generation and the
     /// GPU and partition objects added, removed (gone from the host but kept
     /// with health `Missing`) and changed.

@@ -17,6 +17,7 @@ pub mod device_ids;
 pub mod devices;
 pub mod gpud_client;
 pub mod gpud_reach;
+pub mod gpud_usage;
 pub mod hami;
 pub mod health_events;
 pub mod kube;
@@ -172,6 +173,9 @@ pub async fn serve(
         snapshots: snapshots.clone(),
         caches: side.as_ref().map(|s| s.caches.clone()),
         split_count: cli.split_count,
+        usage: matches!(cli.metrics_address, MetricsAddress::At(_))
+            .then(|| gpud_usage::spawn(bus.clone(), gpud_usage::EVERY)),
+        node_name: cli.node_name.clone(),
     };
     let server = start_metrics(cli.metrics_address, exporter).await?;
     let config = kubelet::KubeletConfig {

@@ -63,7 +63,7 @@ fn add_current_profile(info: &mut DeviceInfo, gpu: &GpuInfo) {
 
 /// The market name, or `AMD <gfx>` when AMD SMI did not give one (HAMi wants
 /// a type that starts with `AMD`).
-fn product_name(gpu: &GpuInfo) -> String {
+pub(crate) fn product_name(gpu: &GpuInfo) -> String {
     match (gpu.market_name.is_empty(), gpu.gfx.is_empty()) {
         (false, _) => gpu.market_name.clone(),
         (true, false) => format!("AMD {}", gpu.gfx),

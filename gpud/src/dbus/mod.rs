@@ -10,6 +10,7 @@ mod node;
 mod objects;
 mod publish;
 mod switch;
+mod usage;
 mod views;
 mod vram;
 
@@ -119,6 +120,10 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
             dmem: service.dmem().clone(),
             allowed_uids: Arc::from(service.config().allowed_uids.as_slice()),
             health: service.health_stats(),
+            usage: Arc::new(usage::UsageState::new(
+                service.config().paths.clone(),
+                service.config().dmem.clone(),
+            )),
             health_pulse: u32::try_from(pulse.as_secs()).unwrap_or(u32::MAX),
         }
     };

@@ -7,7 +7,10 @@ use std::{
     time::Instant,
 };
 
-use ipc::ApiError;
+use ipc::{
+    ApiError,
+    usage::{ContainerVram, GpuUse, PodDmem},
+};
 use tracing::{Instrument, info_span};
 use zbus::{
     Connection, interface,
@@ -16,7 +19,7 @@ use zbus::{
     zvariant::{ObjectPath, OwnedObjectPath},
 };
 
-use super::{auth, publish, switch, vram};
+use super::{auth, publish, switch, usage, vram};
 use crate::{dmem::Dmem, health::Stats, restore_check, service::Service};
 
 /// The service, shared between the node object and the rescan loop.
@@ -35,6 +38,8 @@ pub struct NodeObject {
     pub health: Arc<Stats>,
     /// Seconds between health pulses; 0 when off.
     pub health_pulse: u32,
+    /// `GetUsage`'s cache and read gate.
+    pub usage: Arc<usage::UsageState>,
 }
 
 impl NodeObject {
@@ -160,6 +165,43 @@ impl NodeObject {
             switch::set_compute_partition(conn, &self.service, &gpu, &mode, allocations_exist)
                 .await
                 .inspect_err(|e| tracing::warn!("SetComputePartition failed: {e}"))
+                .map_err(|e| auth::for_caller(uid, e))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// What the pods and GPUs use now: for each container, the VRAM its
+    /// processes hold per KFD gpu_id (KFD's per-process vram_<gpu_id>,
+    /// attributed through the process's cgroup to a kubelet pod cgroup;
+    /// processes in no pod's cgroup are left out), each such pod's
+    /// dmem.current per GPU, and each GPU's VRAM used, activity (percent),
+    /// temperature (millidegrees C) and power (microwatts), -1 where
+    /// unknown. The host is read at most once per 2 s (later calls get the
+    /// same answer) and within 3 s. Errors: Failed (the read was late or an
+    /// earlier one is still blocked), AccessDenied (not root or the plugin).
+    #[zbus(out_args("containers", "dmem", "gpus"))]
+    async fn get_usage(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(Vec<ContainerVram>, Vec<PodDmem>, Vec<GpuUse>), ApiError> {
+        let uid = auth::caller_uid(conn, &header).await;
+        let span = info_span!(
+            "dbus",
+            method = "GetUsage",
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+        );
+        async {
+            let uid = uid?;
+            auth::check(uid, &self.allowed_uids, "GetUsage")
+                .inspect_err(|e| tracing::warn!("{e}"))?;
+            // Never wait for the service lock (a rescan may hold it while
+            // AMD SMI is probed): the targets of the last look do then.
+            let fresh = self.service.try_lock().ok().map(|s| usage::targets(&s));
+            let targets = self.usage.targets(fresh);
+            usage::get(&self.usage, targets)
+                .await
                 .map_err(|e| auth::for_caller(uid, e))
         }
         .instrument(span)

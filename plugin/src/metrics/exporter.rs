@@ -18,20 +18,36 @@ pub struct NodeExporter {
     pub caches: Option<Caches>,
     /// `--split-count`.
     pub split_count: u32,
+    /// amd-gpud's last `GetUsage` answer; `None` without metrics.
+    pub usage: Option<crate::gpud_usage::UsageFeed>,
+    /// The node's name (HAMi's `node` label).
+    pub node_name: String,
 }
 
 impl Exporter for NodeExporter {
     fn metrics(&self) -> Result<String, String> {
         let snapshot = self.snapshots.borrow().clone();
+        let pods = self
+            .caches
+            .as_ref()
+            .map(|c| c.pods.state())
+            .unwrap_or_default();
         let usage = match &self.caches {
             Some(caches) => {
                 self.metrics.set_apiserver_connected(caches.connected());
-                usage(&caches.pods.state())
+                usage(&pods)
             }
             None => super::Usage::new(),
         };
         self.metrics
             .observe_gpus(&snapshot, self.split_count, &usage);
+        let measured = self.usage.as_ref().and_then(|u| u.borrow().clone());
+        self.metrics.observe_usage(&super::hami::Inputs {
+            node: &self.node_name,
+            snapshot: &snapshot,
+            pods: &pods,
+            usage: measured.as_deref(),
+        });
         self.metrics.encode().map_err(|e| e.to_string())
     }
 

@@ -21,10 +21,13 @@
 //! | `amdgpu_dp_landlock_status` | gauge, 1 for the current status | `status` |
 
 mod exporter;
+pub mod hami;
+mod hami_join;
 pub mod server;
 pub mod usage;
 
 use std::{
+    borrow::Cow,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
@@ -127,6 +130,8 @@ pub struct Metrics {
     kubelet_registered: Gauge,
     registered: AtomicBool,
     landlock: Family<StatusLabel, Gauge>,
+    /// HAMi's usage series and ours beside them.
+    hami: hami::HamiMetrics,
 }
 
 impl Default for Metrics {
@@ -159,9 +164,14 @@ impl Metrics {
             kubelet_registered: Gauge::default(),
             registered: AtomicBool::new(false),
             landlock: Family::default(),
+            hami: hami::HamiMetrics::default(),
         };
-        let mut registry = Registry::with_prefix("amdgpu_dp");
-        m.register(&mut registry);
+        let mut registry = Registry::default();
+        m.register(registry.sub_registry_with_prefix("amdgpu_dp"));
+        let zone = (Cow::Borrowed("zone"), Cow::Borrowed("vGPU"));
+        m.hami.register_hami(registry.sub_registry_with_label(zone));
+        m.hami
+            .register_ours(registry.sub_registry_with_prefix("amdgpu_dp"));
         m.registry = registry;
         m.set_landlock(LandlockStatus::NotApplied);
         m
@@ -321,6 +331,11 @@ impl Metrics {
         }
     }
 
+    /// Sets the usage series (HAMi's and ours) for this scrape.
+    pub fn observe_usage(&self, inputs: &hami::Inputs<'_>) {
+        self.hami.observe(inputs);
+    }
+
     /// The OpenMetrics text exposition of every metric.
     ///
     /// # Errors
@@ -332,5 +347,7 @@ impl Metrics {
     }
 }
 
+#[cfg(test)]
+mod hami_tests;
 #[cfg(test)]
 mod tests;

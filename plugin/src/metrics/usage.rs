@@ -24,7 +24,7 @@ pub struct GpuUsage {
 /// Usage by GPU id.
 pub type Usage = HashMap<String, GpuUsage>;
 
-fn live(pod: &Pod) -> bool {
+pub(crate) fn live(pod: &Pod) -> bool {
     let finished = matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")

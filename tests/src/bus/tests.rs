@@ -155,6 +155,7 @@ fn shipped_policy_lets_root_and_plugin_call_and_refuses_others() {
     for args in [
         &node("SetPodVramLimits")[..],
         &node("SetComputePartition")[..],
+        &node("GetUsage")[..],
         &get_all[..],
     ] {
         let out = busctl(&bus, PLUGIN_UID, args).unwrap();
@@ -181,6 +182,7 @@ fn shipped_policy_lets_root_and_plugin_call_and_refuses_others() {
             call(node_iface, "Rescan"),
             call(node_iface, "SetPodVramLimits"),
             call(node_iface, "SetComputePartition"),
+            call(node_iface, "GetUsage"),
             call("org.freedesktop.DBus.Properties", "GetAll"),
         ]
     );

@@ -1,0 +1,211 @@
+//! The D-Bus side of `GetUsage`, over [`crate::usage`]: targets from the
+//! inventory, the read on a thread of its own within [`READ_LIMIT`], one
+//! read at a time, answers cached for [`cache::TTL`].
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use ipc::{
+    ApiError,
+    usage::{ContainerVram, GpuUse, PodDmem},
+};
+
+use crate::{
+    HostPaths, deadline,
+    dmem::DmemConfig,
+    service::{Presence, Service},
+    usage::{self, Reading, Targets, cache},
+};
+
+/// How long one read of the host may take before the call fails. A read of
+/// 110 processes on 64 partitions takes milliseconds (docs/benchmarks.md).
+pub const READ_LIMIT: Duration = Duration::from_secs(3);
+
+/// The answer of `GetUsage`.
+pub type Answer = (Vec<ContainerVram>, Vec<PodDmem>, Vec<GpuUse>);
+
+/// What `GetUsage` needs besides the inventory.
+#[derive(Debug)]
+pub struct UsageState {
+    paths: HostPaths,
+    dmem: DmemConfig,
+    cache: cache::Cache,
+    /// One read at a time: later callers wait, then take its answer.
+    gate: tokio::sync::Mutex<()>,
+    /// Set while a read's thread runs (it may outlive its deadline).
+    busy: Arc<AtomicBool>,
+    /// The targets of the last look at the inventory.
+    last_targets: std::sync::Mutex<Targets>,
+}
+
+impl UsageState {
+    pub fn new(paths: HostPaths, dmem: DmemConfig) -> Self {
+        Self {
+            paths,
+            dmem,
+            cache: cache::Cache::default(),
+            gate: tokio::sync::Mutex::new(()),
+            busy: Arc::new(AtomicBool::new(false)),
+            last_targets: std::sync::Mutex::new(Targets::default()),
+        }
+    }
+
+    /// `fresh` (kept for later), or the last targets when the inventory
+    /// could not be looked at.
+    pub fn targets(&self, fresh: Option<Targets>) -> Targets {
+        let mut last = self
+            .last_targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(fresh) = fresh {
+            *last = fresh;
+        }
+        last.clone()
+    }
+}
+
+/// The present GPUs and the KFD `gpu_id`s of their present partitions.
+pub fn targets(service: &Service) -> Targets {
+    let registry = service.registry();
+    let mut targets = Targets::default();
+    for (gpu, presence) in registry.gpus() {
+        if presence != Presence::Present {
+            continue;
+        }
+        targets.gpus.push(gpu.bdf.to_string());
+        for index in registry.partition_indices(gpu.bdf) {
+            if let Some((part, Presence::Present)) = registry.partition(gpu.bdf, index) {
+                targets.gpu_ids.extend(part.gpu_id);
+            }
+        }
+    }
+    targets.gpu_ids.sort_unstable();
+    targets.gpu_ids.dedup();
+    targets
+}
+
+/// The usage now, from the cache or one read.
+///
+/// # Errors
+/// `Failed` when the read misses [`READ_LIMIT`], or an earlier one is still
+/// blocked in the kernel.
+pub async fn get(state: &UsageState, targets: Targets) -> Result<Answer, ApiError> {
+    // One deadline for the whole call: the wait for an earlier read and this one.
+    let deadline = tokio::time::Instant::now() + READ_LIMIT;
+    let waited = tokio::time::timeout_at(deadline, state.gate.lock()).await;
+    let _gate = waited.map_err(|_| ApiError::Failed("another usage read is late".to_owned()))?;
+    if let Some(reading) = state.cache.fresh(Instant::now()) {
+        return Ok(answer(&reading));
+    }
+    if state.busy.swap(true, Ordering::AcqRel) {
+        let err = deadline::Overdue::StillBlocked { what: WHAT };
+        return Err(ApiError::Failed(err.to_string()));
+    }
+    let (paths, dmem) = (state.paths.clone(), state.dmem.clone());
+    let release = Release(state.busy.clone());
+    let started = Instant::now();
+    let rx = deadline::spawn(WHAT, move || {
+        let _release = release;
+        let layouts = usage::layouts(&paths, &dmem);
+        usage::read(&paths, &layouts, &targets)
+    })
+    .map_err(|e| ApiError::Failed(e.to_string()))?;
+    let reading = match tokio::time::timeout_at(deadline, rx).await {
+        Ok(Ok(reading)) => Arc::new(reading),
+        Ok(Err(_)) => {
+            let err = deadline::Overdue::Died { what: WHAT };
+            return Err(ApiError::Failed(err.to_string()));
+        }
+        Err(_) => {
+            let err = deadline::Overdue::Late {
+                what: WHAT,
+                limit: READ_LIMIT,
+            };
+            tracing::warn!("GetUsage: {err}");
+            return Err(ApiError::Failed(err.to_string()));
+        }
+    };
+    if reading.skipped > 0 {
+        tracing::warn!(
+            skipped = reading.skipped,
+            "GetUsage: KFD processes past the bound left out"
+        );
+    }
+    tracing::debug!(
+        elapsed_us = started.elapsed().as_micros(),
+        containers = reading.usage.containers.len(),
+        outside = reading.outside,
+        "usage read"
+    );
+    state.cache.store(Instant::now(), reading.clone());
+    Ok(answer(&reading))
+}
+
+const WHAT: &str = "the usage read";
+
+/// Clears the busy flag when the read's thread ends, however it ends (a
+/// thread that never returns from the kernel keeps it set: no second read).
+struct Release(Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+fn answer(reading: &Reading) -> Answer {
+    let u = &reading.usage;
+    (u.containers.clone(), u.dmem.clone(), u.gpus.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_read_blocked_in_the_kernel_fails_in_time_and_starts_no_second() {
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let tmp = tempfile::tempdir().unwrap();
+            let paths = HostPaths::under(tmp.path());
+            fs::create_dir_all(paths.kfd_proc().join("77")).unwrap();
+            fs::create_dir_all(paths.proc.join("77")).unwrap();
+            // Opening a FIFO with no writer blocks, as a hung sysfs read does.
+            let fifo = paths.proc.join("77/cgroup");
+            rustix::fs::mkfifoat(
+                rustix::fs::CWD,
+                &fifo,
+                rustix::fs::Mode::from_raw_mode(0o600),
+            )
+            .unwrap();
+            let state = UsageState::new(paths, DmemConfig::default());
+            let start = Instant::now();
+            let late = get(&state, Targets::default()).await.unwrap_err();
+            assert!(
+                matches!(&late, ApiError::Failed(m) if m.contains("did not finish")),
+                "{late:?}"
+            );
+            assert!(start.elapsed() < READ_LIMIT + Duration::from_secs(1));
+            let blocked = get(&state, Targets::default()).await.unwrap_err();
+            assert!(
+                matches!(&blocked, ApiError::Failed(m) if m.contains("still blocked")),
+                "{blocked:?}"
+            );
+            // The writer comes: the read ends, and the next call reads again.
+            drop(fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            fs::remove_file(&fifo).unwrap();
+            fs::write(&fifo, "0::/system.slice/x.service\n").unwrap();
+            let (containers, _, _) = get(&state, Targets::default()).await.unwrap();
+            assert!(containers.is_empty());
+        })
+        .await
+        .expect("timed out");
+    }
+}

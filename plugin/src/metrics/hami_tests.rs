@@ -1,0 +1,208 @@
+use std::sync::Arc;
+
+use ipc::usage::{ContainerVram, GpuUse, PodDmem, Usage};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+use crate::{
+    gpud_client::Snapshot,
+    metrics::{Metrics, hami::Inputs},
+    testutil::{mi300x, partition},
+};
+
+const POD_UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+const GPU: &str = "GPU-0000000000000005";
+
+fn snapshot() -> Snapshot {
+    let gpu = mi300x("0000:05:00.0", GPU);
+    Snapshot {
+        partitions: [(
+            "0000:05:00.0".to_owned(),
+            vec![partition("0000:05:00.0", 0, 0)],
+        )]
+        .into_iter()
+        .collect(),
+        gpus: vec![gpu],
+        connected: true,
+        ..Snapshot::default()
+    }
+}
+
+/// Two containers of one pod share the GPU: `a` 1 GiB and 76 CUs, `b` 2 GiB
+/// and 38 CUs; only `a` has a known runtime ID.
+fn pod() -> Arc<Pod> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": "train", "namespace": "ml", "uid": POD_UID, "annotations": {
+                "hami.io/amd-devices-allocated": format!("{GPU},AMD,1024,76:;{GPU},AMD,2048,38:;"),
+                "hami.io/amd-cu-allocated": format!("{{\"{GPU}\":\"0-113\"}}"),
+            }},
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "a", "containerID": "containerd://abc123", "image": "", "imageID": "",
+                 "ready": true, "restartCount": 0}
+            ]}
+        }))
+        .unwrap(),
+    )
+}
+
+fn measured() -> Usage {
+    let vram = |uid: &str, cid: &str, bytes| ContainerVram {
+        pod_uid: uid.to_owned(),
+        container_id: cid.to_owned(),
+        gpu_id: 100,
+        processes: 1,
+        vram_bytes: bytes,
+    };
+    Usage {
+        containers: vec![
+            vram(POD_UID, "abc123", 600),
+            // Unknown ID, two holders: attributed to no container.
+            vram(POD_UID, "", 7),
+            // Another pod's processes never count for this one.
+            vram("11111111-2222-3333-4444-555555555555", "abc123", 1 << 20),
+        ],
+        dmem: vec![PodDmem {
+            pod_uid: POD_UID.to_owned(),
+            bdf: "0000:05:00.0".to_owned(),
+            current_bytes: 4096,
+        }],
+        gpus: vec![GpuUse {
+            bdf: "0000:05:00.0".to_owned(),
+            vram_used_bytes: 1 << 30,
+            busy_percent: 37,
+            temperature_millicelsius: 45_500,
+            power_microwatts: 250_000_000,
+            source: "sysfs".to_owned(),
+        }],
+    }
+}
+
+fn value(text: &str, series: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+}
+
+fn scrape(m: &Metrics, pods: &[Arc<Pod>], usage: Option<&Usage>) -> String {
+    m.observe_usage(&Inputs {
+        node: "node-1",
+        snapshot: &snapshot(),
+        pods,
+        usage,
+    });
+    m.encode().unwrap()
+}
+
+#[test]
+fn hami_series_carry_hamis_names_labels_and_units() {
+    let m = Metrics::new();
+    let usage = measured();
+    let text = scrape(&m, &[pod()], Some(&usage));
+    let host = format!(
+        r#"{{zone="vGPU",node="node-1",device_index="0",device_uuid="{GPU}",device_type="AMD Instinct MI300X"}}"#
+    );
+    assert_eq!(
+        value(&text, &format!("hami_host_gpu_memory_used_bytes{host}")).as_deref(),
+        Some("1073741824")
+    );
+    assert_eq!(
+        value(&text, &format!("hami_host_gpu_utilization_ratio{host}")).as_deref(),
+        Some("37")
+    );
+    let c = |name: &str| {
+        format!(
+            r#"{{namespace="ml",pod="train",container="{name}",vdevice_index="0",device_uuid="{GPU}""#
+        )
+    };
+    let z = |name: &str| format!("{{zone=\"vGPU\",{}", &c(name)[1..]);
+    assert_eq!(
+        value(&text, &format!("hami_vgpu_memory_used_bytes{}", z("a"))).as_deref(),
+        Some("600")
+    );
+    assert_eq!(
+        value(&text, &format!("hami_vgpu_memory_used_bytes{}", z("b"))).as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        value(&text, &format!("hami_vgpu_memory_limit_bytes{}", z("b"))).as_deref(),
+        Some("2147483648")
+    );
+    assert_eq!(
+        value(
+            &text,
+            &format!("amdgpu_dp_container_compute_units{}", c("a"))
+        )
+        .as_deref(),
+        Some("76")
+    );
+    let mask = format!(
+        r#"amdgpu_dp_pod_cu_mask_info{{namespace="ml",pod="train",device_uuid="{GPU}",mask="0-113"}}"#
+    );
+    assert_eq!(value(&text, &mask).as_deref(), Some("1"));
+    let charged =
+        r#"amdgpu_dp_pod_vram_charged_bytes{namespace="ml",pod="train",pci_bdf="0000:05:00.0"}"#;
+    assert_eq!(value(&text, charged).as_deref(), Some("4096"));
+    let ours = format!(r#"{{gpu="{GPU}",pci_bdf="0000:05:00.0"}}"#);
+    assert_eq!(
+        value(&text, &format!("amdgpu_dp_gpu_temperature_celsius{ours}")).as_deref(),
+        Some("45.5")
+    );
+    assert_eq!(
+        value(&text, &format!("amdgpu_dp_gpu_power_watts{ours}")).as_deref(),
+        Some("250.0")
+    );
+}
+
+#[test]
+fn a_pod_that_ends_loses_its_series_and_no_answer_shows_no_use() {
+    let m = Metrics::new();
+    let usage = measured();
+    assert!(scrape(&m, &[pod()], Some(&usage)).contains("pod=\"train\""));
+    let mut done = (*pod()).clone();
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let text = scrape(&m, &[Arc::new(done)], Some(&usage));
+    assert!(!text.contains("pod=\"train\""), "{text}");
+    // Without an answer from amd-gpud: limits, but no used series.
+    let text = scrape(&m, &[pod()], None);
+    assert!(text.contains("hami_vgpu_memory_limit_bytes{"));
+    assert!(!text.contains("hami_vgpu_memory_used_bytes{"));
+    assert!(!text.contains("hami_host_gpu_memory_used_bytes{"));
+}
+
+/// Every series `/metrics` can show, with its type, as
+/// plugin/src/metrics/series.txt lists them (the chart check reads that
+/// file to prove each dashboard query names a series the plugin exports).
+/// `UPDATE_SERIES=1` rewrites the file.
+#[test]
+fn the_series_list_is_in_sync() {
+    let m = Metrics::new();
+    m.record_allocate(std::time::Duration::from_millis(1), Err("unknown_gpu"));
+    m.observe_gpus(&snapshot(), 0, &crate::metrics::Usage::new());
+    let text = scrape(&m, &[pod()], Some(&measured()));
+    let mut types: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(str::to_owned)
+        .collect();
+    types.sort();
+    let listed = types.join("\n") + "\n";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics/series.txt");
+    if std::env::var_os("UPDATE_SERIES").is_some() {
+        std::fs::write(&path, &listed).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        committed,
+        listed,
+        "run with UPDATE_SERIES=1 to update {}",
+        path.display()
+    );
+    for name in super::hami::SERIES {
+        assert!(
+            listed.contains(&format!("{name} ")),
+            "{name} is not exported"
+        );
+    }
+}

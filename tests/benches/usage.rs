@@ -1,0 +1,342 @@
+//! What a scrape of per-pod usage costs on a node of 64 partitions and 110
+//! pods (issue 23), each figure against its floor in the same run:
+//!
+//! - amd-gpud's read (`gpud::usage::read`: the KFD process directory, each
+//!   process's cgroup and `vram_<gpu_id>` files, each pod's `dmem.current`,
+//!   each GPU's sysfs values, attribution and sums) against the floor of
+//!   opening and reading the same files once from a list made beforehand;
+//! - the plugin's part of a scrape (joining the answer with 110 pods' grants,
+//!   setting every series, encoding `/metrics`) against encoding the same
+//!   registry alone.
+//!
+//! The builder's `mi300x-8-cpx` node (8 GPUs, 64 KFD partitions) with 110
+//! KFD processes, one per pod, each showing `vram_<gpu_id>` for all 64
+//! partitions (KFD makes one per GPU the process can see), VRAM on one.
+//! Run: `cargo bench -p tests --bench usage`. Prints a Markdown table for
+//! docs/benchmarks.md.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    io::Read,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use gpud::{
+    HostPaths,
+    dmem::layout::{Driver, Layout},
+    usage::{self, Targets},
+};
+use ipc::types::{GpuInfo, PartitionInfo};
+use k8s_openapi::api::core::v1::Pod;
+use plugin::{
+    gpud_client::Snapshot,
+    metrics::{Metrics, Usage as Grants, hami::Inputs},
+};
+use tests::fixture::{self, BuildOptions};
+
+const PODS: usize = 110;
+const ROUNDS: usize = 41;
+const WARMUP: usize = 3;
+const MIB: u64 = 1 << 20;
+
+fn write(path: &Path, text: &str) -> std::io::Result<()> {
+    fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))?;
+    fs::write(path, text)
+}
+
+fn uid(i: usize) -> String {
+    format!("00000000-0000-4000-8000-{i:012x}")
+}
+
+fn cid(i: usize) -> String {
+    format!("{i:064x}")
+}
+
+/// KFD `gpu_id`s of the topology's GPU nodes.
+fn gpu_ids(root: &Path) -> anyhow::Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for node in fs::read_dir(root.join("sys/class/kfd/kfd/topology/nodes"))? {
+        let text = fs::read_to_string(node?.path().join("gpu_id"))?;
+        let id: u64 = text.trim().parse()?;
+        if id != 0 {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// The node's processes, pods and GPU files; returns every file a read opens.
+fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for i in 0..PODS {
+        let pid = 10_000 + i;
+        let pod = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid(i).replace('-', "_")
+        );
+        let cgroup = root.join(format!("proc/{pid}/cgroup"));
+        write(
+            &cgroup,
+            &format!("0::{pod}/cri-containerd-{}.scope\n", cid(i)),
+        )?;
+        files.push(cgroup);
+        let dir = root.join(format!("sys/class/kfd/kfd/proc/{pid}"));
+        for (n, id) in ids.iter().enumerate() {
+            let bytes = if n == i % ids.len() {
+                (i as u64 + 1) * MIB
+            } else {
+                0
+            };
+            let file = dir.join(format!("vram_{id}"));
+            write(&file, &format!("{bytes}\n"))?;
+            files.push(file);
+        }
+        let bdf = &bdfs[i % bdfs.len()];
+        let dmem = root.join(format!("sys/fs/cgroup{pod}/dmem.current"));
+        write(&dmem, &format!("drm/{bdf}/vram {}\n", (i as u64 + 1) * MIB))?;
+        files.push(dmem);
+    }
+    for bdf in bdfs {
+        let dir = root.join(format!("sys/bus/pci/devices/{bdf}"));
+        for (name, value) in [
+            ("mem_info_vram_used", "1073741824"),
+            ("gpu_busy_percent", "42"),
+            ("hwmon/hwmon0/temp1_input", "45000"),
+            ("hwmon/hwmon0/power1_average", "250000000"),
+        ] {
+            write(&dir.join(name), &format!("{value}\n"))?;
+            files.push(dir.join(name));
+        }
+    }
+    Ok(files)
+}
+
+fn read_each(files: &[PathBuf], buf: &mut Vec<u8>) -> std::io::Result<()> {
+    for file in files {
+        buf.clear();
+        fs::File::open(file)?.read_to_end(buf)?;
+    }
+    Ok(())
+}
+
+/// 8 GPUs of 8 partitions each, whose gpu_ids are `ids` in order.
+fn snapshot(bdfs: &[String], ids: &[u64]) -> Snapshot {
+    let per = ids.len() / bdfs.len();
+    let gpus: Vec<GpuInfo> = bdfs
+        .iter()
+        .enumerate()
+        .map(|(n, bdf)| GpuInfo {
+            bdf: bdf.clone(),
+            rocr_uuid: format!("GPU-{n:016x}"),
+            unique_id: n.to_string(),
+            gfx: "gfx942".into(),
+            compute_units: 304,
+            cus_per_wgp: 1,
+            vram_bytes: 192 << 30,
+            numa_node: 0,
+            market_name: "AMD Instinct MI300X".into(),
+            amdsmi_uuid: String::new(),
+            published_id: format!("GPU-{n:016x}"),
+            vendor_id: 0x1002,
+            device_id: 0x74a1,
+            compute_partition: "CPX".into(),
+            memory_partition: "NPS1".into(),
+            available_compute_partitions: vec![],
+            health: ipc::HEALTHY.into(),
+            health_reason: String::new(),
+            partitions: vec![],
+            links: vec![],
+            partition_profiles: vec![],
+        })
+        .collect();
+    let partitions = bdfs
+        .iter()
+        .enumerate()
+        .map(|(n, bdf)| {
+            let parts = ids[n * per..(n + 1) * per]
+                .iter()
+                .enumerate()
+                .map(|(i, &gpu_id)| PartitionInfo {
+                    index: u32::try_from(i).unwrap_or(0),
+                    kfd_node: 0,
+                    gpu_id,
+                    render_minor: 128,
+                    card_minor: -1,
+                    bdf: bdf.clone(),
+                    compute_units: 38,
+                    num_xcc: 1,
+                    vram_bytes: 24 << 30,
+                    xcp: -1,
+                    gpu: ipc::gpu_path(bdf),
+                    health: ipc::HEALTHY.into(),
+                    restore_props: BTreeMap::new(),
+                    restore_links: vec![],
+                    health_reason: String::new(),
+                })
+                .collect();
+            (bdf.clone(), parts)
+        })
+        .collect();
+    Snapshot {
+        gpus,
+        partitions,
+        connected: true,
+        ..Snapshot::default()
+    }
+}
+
+/// Pod `i`: one container `c` granted 1 GiB and 38 CUs of the GPU its
+/// process uses, running with the runtime ID its cgroup names.
+fn pods(snapshot: &Snapshot, ids: &[u64]) -> anyhow::Result<Vec<Arc<Pod>>> {
+    let per = ids.len() / snapshot.gpus.len();
+    (0..PODS)
+        .map(|i| {
+            let gpu = &snapshot.gpus[(i % ids.len()) / per];
+            let id = &gpu.published_id;
+            let value = serde_json::json!({
+                "metadata": {"name": format!("pod-{i}"), "namespace": "ml", "uid": uid(i),
+                    "annotations": {
+                        "hami.io/amd-devices-allocated": format!("{id},AMD,1024,38:;"),
+                        "hami.io/amd-cu-allocated": format!("{{\"{id}\":\"0-37\"}}"),
+                    }},
+                "spec": {"containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "containerStatuses": [{"name": "c",
+                    "containerID": format!("containerd://{}", cid(i)), "image": "", "imageID": "",
+                    "ready": true, "restartCount": 0}]}
+            });
+            Ok(Arc::new(serde_json::from_value(value)?))
+        })
+        .collect()
+}
+
+struct Timed {
+    floor: Vec<Duration>,
+    work: Vec<Duration>,
+}
+
+impl Timed {
+    fn new() -> Self {
+        Self {
+            floor: Vec::new(),
+            work: Vec::new(),
+        }
+    }
+
+    fn row(mut self, what: (&str, &str)) {
+        self.floor.sort_unstable();
+        self.work.sort_unstable();
+        let (f, w) = (self.floor[ROUNDS / 2], self.work[ROUNDS / 2]);
+        let p90 = |v: &[Duration]| v[v.len() * 9 / 10];
+        println!(
+            "| floor: {} | {} | {} |",
+            what.0,
+            ms(f),
+            ms(p90(&self.floor))
+        );
+        println!("| {} | {} | {} |", what.1, ms(w), ms(p90(&self.work)));
+        println!(
+            "| ratio of medians | {:.2} | |",
+            w.as_secs_f64() / f.as_secs_f64()
+        );
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let root = fixture::scratch_dir()?;
+    let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
+    let opts = BuildOptions {
+        drm: true,
+        amdsmi_abi: None,
+    };
+    fixture::build(&spec, root.path(), &opts)?;
+    let bdfs: Vec<String> = spec.gpus.iter().map(|g| g.bdf()).collect();
+    let ids = gpu_ids(root.path())?;
+    anyhow::ensure!(ids.len() == 64, "{} KFD GPUs", ids.len());
+    let files = populate(root.path(), &ids, &bdfs)?;
+    let paths = HostPaths::under(root.path());
+    let layouts = vec![Layout::new(Driver::Systemd, "/")?];
+    let targets = Targets {
+        gpus: bdfs.clone(),
+        gpu_ids: ids.clone(),
+    };
+    let mut gpud = Timed::new();
+    let mut buf = Vec::new();
+    let mut reading = usage::read(&paths, &layouts, &targets);
+    for round in 0..ROUNDS + WARMUP {
+        let t = Instant::now();
+        read_each(&files, &mut buf)?;
+        let floor = t.elapsed();
+        let t = Instant::now();
+        reading = usage::read(&paths, &layouts, &targets);
+        let work = t.elapsed();
+        if round >= WARMUP {
+            gpud.floor.push(floor);
+            gpud.work.push(work);
+        }
+    }
+    anyhow::ensure!(reading.usage.containers.len() == PODS && reading.outside == 0);
+    let snapshot = snapshot(&bdfs, &ids);
+    let (plugin, text) = time_plugin(&snapshot, &ids, &reading.usage)?;
+    let used = text
+        .lines()
+        .filter(|l| l.starts_with("hami_vgpu_memory_used_bytes{"))
+        .count();
+    anyhow::ensure!(used == PODS, "{used} used series");
+    println!(
+        "| measure (mi300x-8-cpx: 64 partitions, {PODS} pods; {} files; {ROUNDS} interleaved rounds) | median | p90 |",
+        files.len()
+    );
+    println!("|---|---|---|");
+    gpud.row((
+        "open + read each file once",
+        "amd-gpud `usage::read` (walk, read, attribute, sum)",
+    ));
+    plugin.row((
+        "encode `/metrics` alone",
+        "the plugin's scrape: join 110 pods' grants with the usage, set every series, encode",
+    ));
+    println!("| `/metrics` size | {} KiB | |", text.len() / 1024);
+    Ok(())
+}
+
+/// The plugin's scrape against encoding alone; returns the times and the
+/// last `/metrics`.
+fn time_plugin(
+    snapshot: &Snapshot,
+    ids: &[u64],
+    usage: &ipc::usage::Usage,
+) -> anyhow::Result<(Timed, String)> {
+    let pods = pods(snapshot, ids)?;
+    let metrics = Metrics::new();
+    let mut plugin = Timed::new();
+    let mut text = String::new();
+    for round in 0..ROUNDS + WARMUP {
+        let t = Instant::now();
+        metrics.observe_gpus(snapshot, 0, &Grants::new());
+        metrics.observe_usage(&Inputs {
+            node: "node-1",
+            snapshot,
+            pods: &pods,
+            usage: Some(usage),
+        });
+        text = metrics.encode()?;
+        let work = t.elapsed();
+        let t = Instant::now();
+        let again = metrics.encode()?;
+        let floor = t.elapsed();
+        anyhow::ensure!(again.len() == text.len());
+        if round >= WARMUP {
+            plugin.floor.push(floor);
+            plugin.work.push(work);
+        }
+    }
+    Ok((plugin, text))
+}

@@ -1,0 +1,217 @@
+//! What each pod really uses, end to end: amd-gpud reads fake KFD process
+//! files (`vram_<gpu_id>`), the processes' cgroups and the pod's
+//! `dmem.current` on the fake host; the plugin joins `GetUsage` with the
+//! grants HAMi made and exports HAMi's series. A pod's usage shows under its
+//! namespace, pod and container; a process outside every pod cgroup is
+//! never counted; the series go when the pod ends. Needs root.
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use common::world::{World, schedule, world};
+use prometheus_parse::{Scrape, Value};
+use tests::apiserver::Kind;
+
+const MIB: u64 = 1024 * 1024;
+const CID: &str = "4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c9b0a1f2e3d4c5b6a7f8e9d0c1b2a3f4e5d";
+
+#[test]
+fn hami_series_show_what_each_pod_uses() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(150), scenario());
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// A KFD process `pid` in cgroup `cgroup` holding `bytes` on `gpu_id`.
+fn process(root: &Path, pid: u32, cgroup: &str, gpu_id: u64, bytes: u64) {
+    write(
+        &root.join(format!("proc/{pid}/cgroup")),
+        &format!("0::{cgroup}\n"),
+    );
+    let dir = root.join(format!("sys/class/kfd/kfd/proc/{pid}"));
+    write(&dir.join(format!("vram_{gpu_id}")), &format!("{bytes}\n"));
+}
+
+/// GPU 0's PCI address and its (only, SPX) partition's KFD gpu_id.
+async fn gpu0(w: &World) -> (String, u64) {
+    let conn = zbus::connection::Builder::address(w.bus.address.as_str())
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let node = ipc::proxy::NodeProxy::new(&conn).await.unwrap();
+    for path in node.gpus().await.unwrap() {
+        let gpu = ipc::proxy::read_gpu(&conn, &path.as_ref()).await.unwrap();
+        if gpu.published_id == w.gpus[0].id {
+            let part = ipc::proxy::read_partition(&conn, &gpu.partitions[0].as_ref())
+                .await
+                .unwrap();
+            return (gpu.bdf, part.gpu_id);
+        }
+    }
+    panic!("no GPU {}", w.gpus[0].id);
+}
+
+async fn scenario() {
+    let w = world().await;
+    let mut pod = start_pod(&w).await;
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    let (bdf, gpu_id) = gpu0(&w).await;
+    let root = w.root();
+    let pod_cgroup = format!(
+        "/kubepods.slice/kubepods-pod{}.slice",
+        uid.replace('-', "_")
+    );
+    gpu_and_pod_files(root, &bdf, &pod_cgroup);
+    let container_cgroup = format!("{pod_cgroup}/cri-containerd-{CID}.scope");
+    process(root, 4100, &container_cgroup, gpu_id, 300 * MIB);
+    // A process in the pod cgroup itself: the one container holding the GPU.
+    process(root, 4101, &pod_cgroup, gpu_id, 20 * MIB);
+    // A host service and a look-alike outside kubepods: never a pod's.
+    process(
+        root,
+        4200,
+        "/system.slice/ollama.service",
+        gpu_id,
+        8u64 << 30,
+    );
+    let look_alike = format!("/system.slice{pod_cgroup}/x");
+    process(root, 4201, &look_alike, gpu_id, 1 << 30);
+    let container = [("namespace", "default"), ("pod", "llm"), ("container", "c")];
+    let scrape = until(&w, |s| {
+        value(s, "hami_vgpu_memory_used_bytes", &container) == Some(320.0 * 1_048_576.0)
+    })
+    .await;
+    check_series(&scrape, &w.gpus[0].id, &bdf);
+
+    // The pod ends: its processes go, then the pod; so do its series.
+    std::fs::remove_dir_all(root.join("sys/class/kfd/kfd/proc/4100")).unwrap();
+    std::fs::remove_dir_all(root.join("sys/class/kfd/kfd/proc/4101")).unwrap();
+    until(&w, |s| {
+        value(s, "hami_vgpu_memory_used_bytes", &container) == Some(0.0)
+    })
+    .await;
+    pod["status"]["phase"] = "Succeeded".into();
+    w.api.put(Kind::Pod, pod);
+    until(&w, |s| {
+        !s.samples.iter().any(|x| x.labels.get("pod") == Some("llm"))
+    })
+    .await;
+}
+
+/// HAMi places pod `llm` (48 GiB, 76 CUs of GPU 0), kubelet allocates it,
+/// and it runs with container `c` of runtime ID [`CID`]. Returns the pod.
+async fn start_pod(w: &World) -> serde_json::Value {
+    let g0 = &w.gpus[0];
+    schedule(&w.api, "llm", &[(g0, 49_152, 76)], 100);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.kubelet
+        .allocate(vec![format!("{}#0", g0.id)])
+        .await
+        .unwrap();
+    let mut pod = w.api.get(Kind::Pod, "default", "llm").unwrap();
+    pod["status"] = serde_json::json!({"phase": "Running", "containerStatuses": [{
+        "name": "c", "containerID": format!("containerd://{CID}"), "image": "rocm",
+        "imageID": "", "ready": true, "restartCount": 0}]});
+    w.api.put(Kind::Pod, pod.clone());
+    pod
+}
+
+/// GPU 0's sysfs use and the pod cgroup's `dmem.current`, written before the
+/// processes (a poll may come between).
+fn gpu_and_pod_files(root: &Path, bdf: &str, pod_cgroup: &str) {
+    let dmem = root.join(format!("sys/fs/cgroup{pod_cgroup}/dmem.current"));
+    write(&dmem, &format!("drm/{bdf}/vram {}\n", 320 * MIB));
+    let pci = root.join(format!("sys/bus/pci/devices/{bdf}"));
+    write(
+        &pci.join("mem_info_vram_used"),
+        &format!("{}\n", 9u64 << 30),
+    );
+    write(&pci.join("gpu_busy_percent"), "63\n");
+}
+
+fn check_series(scrape: &Scrape, gpu: &str, bdf: &str) {
+    let container = [("namespace", "default"), ("pod", "llm"), ("container", "c")];
+    let extra = [
+        ("vdevice_index", "0"),
+        ("device_uuid", gpu),
+        ("zone", "vGPU"),
+    ];
+    let c = [&container[..], &extra[..]].concat();
+    let limit = value(scrape, "hami_vgpu_memory_limit_bytes", &c);
+    assert_eq!(limit, Some(49_152.0 * 1_048_576.0));
+    let cus = value(scrape, "amdgpu_dp_container_compute_units", &container);
+    assert_eq!(cus, Some(76.0));
+    let pod = [("namespace", "default"), ("pod", "llm"), ("pci_bdf", bdf)];
+    let charged = value(scrape, "amdgpu_dp_pod_vram_charged_bytes", &pod);
+    assert_eq!(charged, Some(320.0 * 1_048_576.0));
+    let host = [
+        ("device_uuid", gpu),
+        ("node", common::world::NODE),
+        ("device_index", "0"),
+    ];
+    let used = value(scrape, "hami_host_gpu_memory_used_bytes", &host);
+    assert_eq!(used, Some(9.0 * 1_073_741_824.0));
+    assert_eq!(
+        value(scrape, "hami_host_gpu_utilization_ratio", &host),
+        Some(63.0)
+    );
+    let counted: f64 = scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == "hami_vgpu_memory_used_bytes")
+        .filter_map(|s| number(&s.value))
+        .sum();
+    assert_eq!(
+        counted,
+        320.0 * 1_048_576.0,
+        "the host service's VRAM counts for no pod"
+    );
+}
+
+/// Scrapes until `done` holds (amd-gpud caches 2 s, the plugin asks every 5 s).
+async fn until(w: &World, done: impl Fn(&Scrape) -> bool) -> Scrape {
+    let start = Instant::now();
+    loop {
+        let (status, body) = w.http("/metrics");
+        assert_eq!(status, 200, "{body}");
+        let scrape = Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        if done(&scrape) {
+            return scrape;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(40),
+            "never got there; last scrape:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(*v),
+        _ => None,
+    }
+}
+
+fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .and_then(|s| number(&s.value))
+}
