@@ -172,14 +172,7 @@ pub struct NodeEvents {
 
 impl NodeEvents {
     fn regarding(&self) -> Regarding {
-        Regarding::Node {
-            name: self.caches.node_name.clone(),
-            uid: self
-                .caches
-                .node()
-                .and_then(|n| n.metadata.uid.clone())
-                .unwrap_or_default(),
-        }
+        Regarding::node_of(&self.caches)
     }
 }
 

@@ -115,13 +115,7 @@ pub async fn follow(
         let gpus = snapshots.borrow_and_update().gpus.clone();
         let found = transitions(&mut known, &gpus);
         if !found.is_empty() {
-            let regarding = Regarding::Node {
-                name: caches.node_name.clone(),
-                uid: caches
-                    .node()
-                    .and_then(|n| n.metadata.uid.clone())
-                    .unwrap_or_default(),
-            };
+            let regarding = Regarding::node_of(&caches);
             for t in found {
                 info!(gpu = %t.gpu, bdf = %t.bdf, reason = t.reason, "{}", t.note);
                 if t.warning() {

@@ -16,7 +16,6 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    kube::Regarding,
     partition::{self, MODE_ANNOTATION, OperatingMode},
     switcher::{self, Sources},
 };
@@ -94,19 +93,5 @@ async fn blocker(sources: &Sources) -> Option<String> {
 }
 
 fn event(sources: &Sources, warning: bool, reason: &str, note: String) {
-    let (Some(events), Some(caches)) = (&sources.events, &sources.caches) else {
-        return;
-    };
-    let regarding = Regarding::Node {
-        name: caches.node_name.clone(),
-        uid: caches
-            .node()
-            .and_then(|n| n.metadata.uid.clone())
-            .unwrap_or_default(),
-    };
-    if warning {
-        events.warning(&regarding, reason, "OperatingMode", note);
-    } else {
-        events.normal(&regarding, reason, "OperatingMode", note);
-    }
+    switcher::node_event(sources, warning, (reason, "OperatingMode"), note);
 }

@@ -223,22 +223,22 @@ async fn trusted(sources: &Sources, target: &str) -> Allocations {
     }
 }
 
-/// A Node Event, when there is an API server to send it to.
+/// A Node Event of the start-up switch.
 fn event(sources: &Sources, warning: bool, reason: &str, note: String) {
+    node_event(sources, warning, (reason, "PartitionSwitch"), note);
+}
+
+/// A Node Event `(reason, action)`, when there is an API server to send it to.
+pub(crate) fn node_event(sources: &Sources, warning: bool, why: (&str, &str), note: String) {
     let (Some(events), Some(caches)) = (&sources.events, &sources.caches) else {
         return;
     };
-    let regarding = Regarding::Node {
-        name: caches.node_name.clone(),
-        uid: caches
-            .node()
-            .and_then(|n| n.metadata.uid.clone())
-            .unwrap_or_default(),
-    };
+    let regarding = Regarding::node_of(caches);
+    let (reason, action) = why;
     if warning {
-        events.warning(&regarding, reason, "PartitionSwitch", note);
+        events.warning(&regarding, reason, action, note);
     } else {
-        events.normal(&regarding, reason, "PartitionSwitch", note);
+        events.normal(&regarding, reason, action, note);
     }
 }
 

@@ -29,6 +29,17 @@ pub enum Regarding {
 }
 
 impl Regarding {
+    /// This plugin's node, with its UID when the cache holds the node.
+    pub fn node_of(caches: &super::Caches) -> Self {
+        Self::Node {
+            name: caches.node_name.clone(),
+            uid: caches
+                .node()
+                .and_then(|n| n.metadata.uid.clone())
+                .unwrap_or_default(),
+        }
+    }
+
     fn reference(&self) -> ObjectReference {
         match self {
             Self::Pod {
