@@ -248,18 +248,27 @@ fn a_whole_gpu_forged_by_a_pod_kubelet_never_admitted_blocks_no_one() {
             envs["HSA_CU_MASK"], "0:38-75",
             "around the first pod: {envs:?}"
         );
-        let untrusted: Vec<Value> = w
-            .api
-            .events()
-            .into_iter()
-            .filter(|e| e["reason"] == "UntrustedCuClaim")
-            .collect();
-        assert!(
-            untrusted
-                .iter()
-                .any(|e| e["regarding"]["name"] == "squatter"),
-            "{untrusted:?}"
-        );
+        // Events are sent in the background: wait for the squatter's.
+        let untrusted = || -> Vec<Value> {
+            w.api
+                .events()
+                .into_iter()
+                .filter(|e| e["reason"] == "UntrustedCuClaim")
+                .collect()
+        };
+        let start = std::time::Instant::now();
+        while !untrusted()
+            .iter()
+            .any(|e| e["regarding"]["name"] == "squatter")
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no Event on the squatter: {:?}",
+                w.api.events()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let untrusted = untrusted();
         assert!(
             !untrusted.iter().any(|e| e["regarding"]["name"] == "first"),
             "the honest pod is not blamed: {untrusted:?}"
