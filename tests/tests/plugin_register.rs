@@ -83,6 +83,19 @@ async fn scenario() {
     );
     assert_eq!(devices[0]["custominfo"]["pciBDF"], "0000:05:00.0");
     assert!(devices[0]["type"].as_str().unwrap().starts_with("AMD"));
+    // `index` is each GPU's DRM card minor, as HAMi's Go plugin publishes
+    // it (0 is left out).
+    let spec = tests::fixture::named("mi300x-8-spx").unwrap();
+    let layout = tests::fixture::Layout::new(&spec);
+    for (i, device) in devices.iter().enumerate() {
+        let card = layout.nodes_of_gpu(i).next().unwrap().card_minor;
+        let index = device["index"].as_u64().unwrap_or(0);
+        assert_eq!(index, u64::from(card), "GPU {i}: {device}");
+    }
+    assert!(
+        devices.iter().any(|d| d["index"].as_u64().unwrap_or(0) > 0),
+        "some card minor is not 0"
+    );
     // What CRIU compares at restore, for pre-selecting nodes, and the
     // partition profile menu of an Instinct GPU: once per GPU, keyed by its
     // address, in an annotation of their own.
