@@ -124,11 +124,12 @@ fn card_minor(snapshot: &Snapshot, gpu: &GpuInfo) -> u32 {
 /// container-local index, its rank among the container's GPUs in KFD
 /// order, since ROCr stops at the first token it cannot parse.
 fn add_rocr_selection(info: &mut DeviceInfo, gpu: &GpuInfo) {
-    let uuid = &gpu.rocr_uuid;
-    let selectable = uuid.len() == 20
-        && uuid.starts_with("GPU-")
-        && uuid[4..].bytes().all(|b| b.is_ascii_hexdigit());
-    let shown = if selectable { uuid.as_str() } else { "index" };
+    let uuid = gpu.rocr_uuid.as_str();
+    let shown = if crate::cu::env::is_rocr_uuid(uuid) {
+        uuid
+    } else {
+        "index"
+    };
     info.custominfo
         .extra
         .insert("rocrVisibleDevice".to_owned(), shown.into());

@@ -139,12 +139,7 @@ fn holds_devices(pod: &Pod) -> bool {
 pub fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool {
     let prefix = format!("{gpu_id}-");
     pods.iter()
-        .filter(|p| {
-            !matches!(
-                p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            )
-        })
+        .filter(|p| live(p))
         .filter_map(|p| p.annotations().get(ALLOCATED_KEY))
         .filter_map(|v| parse_pod_devices(DevicesAnnotation::Allocated, v).ok())
         .flatten()

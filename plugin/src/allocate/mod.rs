@@ -44,7 +44,6 @@ use tracing::{info, warn};
 
 use crate::{
     cu::CuBitmap,
-    device_ids::Aliases,
     devices::gpu_id,
     gpud_client::Snapshot,
     hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
@@ -386,13 +385,13 @@ impl Allocator {
             );
             return Err(AllocateError::new(Reason::DeviceCount, message));
         }
+        let totals = occupancy::Totals::of(&self.snapshots.borrow());
         let mut entry = entry;
-        let aliases = Aliases::of(&self.snapshots.borrow());
-        crate::device_ids::rename_current(&aliases, &mut entry).map_err(|err| {
+        crate::device_ids::rename_current(&totals.aliases, &mut entry).map_err(|err| {
             AllocateError::new(Reason::UnknownGpu, format!("HAMi assigned {err}"))
         })?;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
-        let slices = self.slices(&entry, pods, &mut reuse, admitted)?;
+        let slices = self.slices(&entry, pods, &mut reuse, (admitted, &totals))?;
         let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
         let (mut annotations, complete) =
             write_back::write_back(pod, &slices, rest).because(Reason::Annotation)?;
@@ -409,25 +408,12 @@ impl Allocator {
         entry: &[ContainerDevice],
         pods: &[Arc<Pod>],
         reuse: &mut reuse::Reuse,
-        admitted: &Admitted,
+        (admitted, totals): (&Admitted, &occupancy::Totals),
     ) -> Result<Vec<response::Slice>, AllocateError> {
         let snapshot = self.snapshots.borrow();
-        let totals = occupancy::Totals {
-            cus: snapshot
-                .gpus
-                .iter()
-                .map(|g| (gpu_id(g), g.compute_units))
-                .collect(),
-            units: snapshot
-                .gpus
-                .iter()
-                .map(|g| (gpu_id(g), g.cus_per_wgp.max(1)))
-                .collect(),
-            aliases: Aliases::of(&snapshot),
-        };
         let mut occupancy = self.ours.with_recorded(|ours| {
             let counts = |p: &Pod| ours(p) || admitted.admits(p);
-            self.claims.rebuild(pods, &totals, ours, &counts)
+            self.claims.rebuild(pods, totals, ours, &counts)
         });
         self.report_distrust(std::mem::take(&mut occupancy.distrusted), pods);
         let mut maps: HashMap<String, CuBitmap> = std::mem::take(&mut occupancy.maps);

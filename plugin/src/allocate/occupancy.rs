@@ -40,6 +40,24 @@ pub struct Totals {
     pub aliases: Aliases,
 }
 
+impl Totals {
+    /// The GPUs of `snapshot`, under their current IDs.
+    pub fn of(snapshot: &crate::gpud_client::Snapshot) -> Self {
+        let by_id = |value: fn(&ipc::types::GpuInfo) -> u32| {
+            snapshot
+                .gpus
+                .iter()
+                .map(|g| (crate::devices::gpu_id(g), value(g)))
+                .collect()
+        };
+        Self {
+            cus: by_id(|g| g.compute_units),
+            units: by_id(|g| g.cus_per_wgp.max(1)),
+            aliases: Aliases::of(snapshot),
+        }
+    }
+}
+
 impl FromIterator<(String, u32)> for Totals {
     /// CU counts by ID, without older names.
     fn from_iter<I: IntoIterator<Item = (String, u32)>>(iter: I) -> Self {

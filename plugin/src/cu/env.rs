@@ -124,7 +124,7 @@ fn visible_devices(gpus: &[GpuSlice]) -> Result<String, CuError> {
 }
 
 /// A selectable ROCr UUID: `GPU-` and 16 hex digits (§9.2; `GPU-XX` is not).
-fn is_rocr_uuid(uuid: &str) -> bool {
+pub(crate) fn is_rocr_uuid(uuid: &str) -> bool {
     uuid.len() == 20 && uuid.starts_with("GPU-") && uuid[4..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
