@@ -55,6 +55,29 @@ fn the_node_register_annotation_follows_the_inventory() {
     common::run_async(Duration::from_secs(90), scenario());
 }
 
+/// The eight healthy GPUs; `index` is each GPU's DRM card minor, as HAMi's
+/// Go plugin publishes it (0 is left out).
+fn assert_first_listing(devices: &[Value]) {
+    assert!(
+        devices
+            .iter()
+            .all(|d| d["health"] == true && d["count"] == 10 && d["devcore"] == 304)
+    );
+    assert_eq!(devices[0]["custominfo"]["pciBDF"], "0000:05:00.0");
+    assert!(devices[0]["type"].as_str().unwrap().starts_with("AMD"));
+    let spec = tests::fixture::named("mi300x-8-spx").unwrap();
+    let layout = tests::fixture::Layout::new(&spec);
+    for (i, device) in devices.iter().enumerate() {
+        let card = layout.nodes_of_gpu(i).next().unwrap().card_minor;
+        let index = device["index"].as_u64().unwrap_or(0);
+        assert_eq!(index, u64::from(card), "GPU {i}: {device}");
+    }
+    assert!(
+        devices.iter().any(|d| d["index"].as_u64().unwrap_or(0) > 0),
+        "some card minor is not 0"
+    );
+}
+
 async fn scenario() {
     let root = common::build_fixture("mi300x-8-spx");
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
@@ -76,26 +99,7 @@ async fn scenario() {
     let mut plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), extra).unwrap();
 
     let devices = wait_register(&api, "8 healthy devices", |d| d.len() == 8).await;
-    assert!(
-        devices
-            .iter()
-            .all(|d| d["health"] == true && d["count"] == 10 && d["devcore"] == 304)
-    );
-    assert_eq!(devices[0]["custominfo"]["pciBDF"], "0000:05:00.0");
-    assert!(devices[0]["type"].as_str().unwrap().starts_with("AMD"));
-    // `index` is each GPU's DRM card minor, as HAMi's Go plugin publishes
-    // it (0 is left out).
-    let spec = tests::fixture::named("mi300x-8-spx").unwrap();
-    let layout = tests::fixture::Layout::new(&spec);
-    for (i, device) in devices.iter().enumerate() {
-        let card = layout.nodes_of_gpu(i).next().unwrap().card_minor;
-        let index = device["index"].as_u64().unwrap_or(0);
-        assert_eq!(index, u64::from(card), "GPU {i}: {device}");
-    }
-    assert!(
-        devices.iter().any(|d| d["index"].as_u64().unwrap_or(0) > 0),
-        "some card minor is not 0"
-    );
+    assert_first_listing(&devices);
     // What CRIU compares at restore, for pre-selecting nodes, and the
     // partition profile menu of an Instinct GPU: once per GPU, keyed by its
     // address, in an annotation of their own.
