@@ -16,6 +16,7 @@ pub mod health;
 pub mod hostpaths;
 pub mod inspect;
 pub mod inventory;
+pub mod loader_check;
 pub mod partition;
 pub mod pci;
 pub mod published_ids;

@@ -1,0 +1,1 @@
+//! The image analysis (to be written): manifest, config, layers, ELF.
