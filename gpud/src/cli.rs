@@ -93,6 +93,8 @@ pub struct InspectArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub host: HostArgs,
+    #[command(flatten)]
+    pub loader: crate::loader_check::config::LoaderArgs,
     /// Bus address to connect to instead of the system bus (for tests).
     #[arg(long, env = "GPUD_BUS_ADDRESS", value_name = "ADDR")]
     pub bus_address: Option<String>,
@@ -405,12 +407,13 @@ pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
     let access =
         (args.kubelet_socket_access == Switch::On).then(|| crate::access::kubelet_targets(&paths));
     let config = ServiceConfig {
-        paths,
+        paths: paths.clone(),
         amdsmi: args.host.amdsmi_config(helper),
         allowed_uids: vec![0, args.plugin_uid],
         dmem: args.dmem.config(),
         cdi: args.cdi == Switch::On,
         health: args.health.config(),
+        loader: args.loader.config(&paths),
     };
     let bus = args
         .bus_address

@@ -25,6 +25,11 @@ pub struct HostPaths {
     /// amd-gpud's own state (`/var/lib/amd-gpud`, the unit's
     /// `StateDirectory=`).
     pub state: PathBuf,
+    /// Runtime sockets (`/run`): containerd's is `<run>/containerd/containerd.sock`.
+    pub run: PathBuf,
+    /// Where the node's memory hook `libamvgpu.so` is installed
+    /// (`/usr/local/vgpu`, the plugin's `--hook-path`).
+    pub hook_dir: PathBuf,
 }
 
 impl HostPaths {
@@ -41,6 +46,8 @@ impl HostPaths {
             kubelet: root.join("var/lib/kubelet"),
             cdi: root.join("var/run/cdi"),
             state: root.join("var/lib/amd-gpud"),
+            run: root.join("run"),
+            hook_dir: root.join("usr/local/vgpu"),
             sys,
         }
     }
@@ -91,6 +98,27 @@ impl HostPaths {
         self.dev.join(format!("dri/card{minor}"))
     }
 
+    /// containerd's gRPC socket: `<run>/containerd/containerd.sock`.
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.run.join("containerd/containerd.sock")
+    }
+
+    /// The memory hook: `<hook_dir>/libamvgpu.so`.
+    pub fn memory_hook(&self) -> PathBuf {
+        self.hook_dir.join("libamvgpu.so")
+    }
+
+    /// Where per-container copies of the hook are staged:
+    /// `<state>/loader-hook`.
+    pub fn staged_hooks(&self) -> PathBuf {
+        self.state.join("loader-hook")
+    }
+
+    /// kubelet's directory of one pod: `<kubelet>/pods/<uid>`.
+    pub fn kubelet_pod(&self, uid: &str) -> PathBuf {
+        self.kubelet.join("pods").join(uid)
+    }
+
     /// KFD topology node `index`: `<sys>/class/kfd/kfd/topology/nodes/<index>`.
     pub fn kfd_node(&self, index: u32) -> PathBuf {
         self.kfd_topology().join("nodes").join(index.to_string())
@@ -128,6 +156,18 @@ mod tests {
         );
         assert_eq!(p.card_node(0), Path::new("/tmp/node/dev/dri/card0"));
         assert_eq!(p.kfd_device(), Path::new("/tmp/node/dev/kfd"));
+        assert_eq!(
+            p.containerd_socket(),
+            Path::new("/tmp/node/run/containerd/containerd.sock")
+        );
+        assert_eq!(
+            p.memory_hook(),
+            Path::new("/tmp/node/usr/local/vgpu/libamvgpu.so")
+        );
+        assert_eq!(
+            p.staged_hooks(),
+            Path::new("/tmp/node/var/lib/amd-gpud/loader-hook")
+        );
         assert_eq!(
             p.kfd_node(2),
             Path::new("/tmp/node/sys/class/kfd/kfd/topology/nodes/2")

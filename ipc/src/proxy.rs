@@ -262,3 +262,28 @@ pub async fn read_partition(
 ) -> Result<PartitionInfo, ApiError> {
     PartitionInfo::from_properties(get_all(conn, path, PARTITION_INTERFACE).await?)
 }
+
+/// The loader check: `io.hami.AmdGpu1.Loader` at `/io/hami/AmdGpu1`.
+#[proxy(
+    interface = "io.hami.AmdGpu1.Loader",
+    default_service = "io.hami.AmdGpu1",
+    default_path = "/io/hami/AmdGpu1"
+)]
+pub trait Loader {
+    /// Which dynamic loader the entrypoint of `image` (as a pod spec names
+    /// it) runs under, from containerd's content store: `(loader, glibc,
+    /// digest, evidence)`, `loader` one of `glibc`, `musl`, `static`,
+    /// `unknown`, `glibc` the newest `GLIBC_x.y` (e.g. `2.36`) or empty.
+    ///
+    /// Errors: `NotFound` (image not on the node), `NotSupported` (no
+    /// containerd), `Busy` (still running: retry; or too many running),
+    /// `InvalidArgument`, `Failed`, `AccessDenied`.
+    fn inspect_image(&self, image: &str) -> Result<(String, String, String, String), ApiError>;
+
+    /// Creates `<state>/loader-hook/<pod_uid>/<key>/` (the directory
+    /// Allocate mounted for a container's memory hook) with a copy of the
+    /// hook in it (`hook`) or empty; returns the directory.
+    ///
+    /// Errors: `InvalidArgument` (UID, key), `Failed`, `AccessDenied`.
+    fn stage_memory_hook(&self, pod_uid: &str, key: &str, hook: bool) -> Result<String, ApiError>;
+}

@@ -414,7 +414,7 @@ fn served_introspection_equals_ipc_interface_xml() {
                 }
             }
         }
-        assert_eq!(served.len(), 3, "{served:#?}");
+        assert_eq!(served.len(), 4, "{served:#?}");
         let document = format!(
             "<!DOCTYPE node PUBLIC \"-//freedesktop//DTD D-BUS Object Introspection 1.0//EN\"\n \
              \"http://www.freedesktop.org/standards/dbus/1.0/introspect.dtd\">\n<node>\n{}\n</node>\n",

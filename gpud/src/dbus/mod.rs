@@ -6,6 +6,7 @@
 
 mod auth;
 mod health;
+mod loader;
 mod node;
 mod objects;
 mod publish;
@@ -127,10 +128,17 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
             health_pulse: u32::try_from(pulse.as_secs()).unwrap_or(u32::MAX),
         }
     };
+    let loader = {
+        let service = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loader_object(service.config())
+    };
     let built = async {
         builder?
             .serve_at(ROOT_PATH, ObjectManager)?
             .serve_at(ROOT_PATH, node)?
+            .serve_at(ROOT_PATH, loader)?
             .build()
             .await
     };
@@ -138,6 +146,26 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
         target,
         source: Box::new(source),
     })
+}
+
+/// The loader object of `config`; containerd is reached through this
+/// runtime.
+fn loader_object(config: &crate::service::ServiceConfig) -> loader::LoaderObject {
+    use crate::loader_check::{checker, stage::HookStage};
+    let inspect = checker::ContainerdInspect {
+        socket: config.loader.containerd_socket.clone(),
+        namespace: config.loader.containerd_namespace.clone(),
+        handle: tokio::runtime::Handle::current(),
+        call_timeout: Duration::from_secs(10),
+    };
+    loader::LoaderObject {
+        checker: checker::Checker::new(inspect, checker::CheckerConfig::default()),
+        stage: Arc::new(HookStage::new(
+            &config.paths,
+            Some(config.loader.memory_hook.clone()),
+        )),
+        allowed_uids: Arc::from(config.allowed_uids.as_slice()),
+    }
 }
 
 async fn name_lost_stream(conn: &Connection) -> Result<MessageStream, ServeError> {

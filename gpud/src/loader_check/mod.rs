@@ -13,8 +13,12 @@
 //! touches a host path, so an image's symlinks cannot lead it anywhere.
 
 pub mod analyze;
+pub mod checker;
+pub mod config;
 pub mod containerd;
+pub mod reference;
 pub mod source;
+pub mod stage;
 
 pub use source::{Descriptor, ImageSource, SourceError};
 

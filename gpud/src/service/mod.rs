@@ -43,6 +43,8 @@ pub struct ServiceConfig {
     pub cdi: bool,
     /// Health checks.
     pub health: HealthConfig,
+    /// The loader check (`InspectImage`, `StageMemoryHook`).
+    pub loader: crate::loader_check::config::LoaderConfig,
 }
 
 /// Inventory-wide facts of the last read.
