@@ -122,6 +122,24 @@ pub struct Cli {
     /// Allocate is refused.
     #[arg(long, env = "AMDGPU_DP_ANNOTATIONS_PROTECTED", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
     pub annotations_protected: bool,
+    /// The loader check (the chart's `dp.muslFailClosed.enabled`;
+    /// experimental): a slice's memory hook goes into a directory amd-gpud
+    /// fills at PreStartContainer, once it has read the image's loader from
+    /// containerd. glibc 2.34 or newer gets the hook; musl, static binaries
+    /// and older glibc get none when amd-gpud's dmem backend caps the
+    /// slice, and are refused otherwise; a loader that cannot be told is
+    /// refused.
+    #[arg(long, env = "AMDGPU_DP_LOADER_CHECK", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub loader_check: bool,
+    /// Host directory under which amd-gpud stages each container's hook
+    /// (its `<state>/loader-hook`), as Allocate names it in the mounts.
+    #[arg(
+        long,
+        env = "AMDGPU_DP_LOADER_HOOK_ROOT",
+        default_value = "/var/lib/amd-gpud/loader-hook",
+        value_name = "DIR"
+    )]
+    pub loader_hook_root: PathBuf,
     /// Where to serve /metrics (Prometheus), /healthz and /readyz (the
     /// DaemonSet's probes): `ADDRESS:PORT`, or `none`.
     #[arg(

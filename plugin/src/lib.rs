@@ -22,6 +22,7 @@ pub mod hami;
 pub mod health_events;
 pub mod kube;
 pub mod kubelet;
+pub mod loader;
 pub mod metrics;
 pub mod mode_follow;
 pub mod node_gpus;
@@ -187,6 +188,7 @@ pub async fn serve(
         allocator: side.as_ref().map(|s| s.allocator.clone()),
         hint: side.as_ref().map(|s| s.hint.clone()),
         vram: side.as_ref().map(|s| s.vram.clone()),
+        loader: side.as_ref().and_then(|s| s.loader.clone()),
         metrics,
     };
     let served = kubelet::run(config, devices, shutdown_signal()?).await;
@@ -266,6 +268,8 @@ struct KubeSide {
     allocator: Arc<allocate::Allocator>,
     hint: Arc<dyn kubelet::AllocationHint>,
     vram: Arc<vram::VramCaps>,
+    /// The loader check at PreStartContainer (`--loader-check`).
+    loader: Option<Arc<loader::LoaderCheck>>,
     /// Publishes the register annotation until the stop, then every device
     /// unhealthy.
     registrar: tokio::task::JoinHandle<()>,
@@ -290,6 +294,7 @@ fn start_kube(
         cdi: cli.cdi,
         pod_resources: cli.pod_resources(),
         annotations_protected: cli.annotations_protected,
+        staged_hooks: cli.loader_check.then(|| cli.loader_hook_root.clone()),
     };
     let allocator = Arc::new(allocate::Allocator::new(
         client.clone(),
@@ -305,10 +310,20 @@ fn start_kube(
             bus: bus.clone(),
             snapshots: snapshots.clone(),
         }),
-        owners,
+        owners: owners.clone(),
         pods: allocator.clone(),
         snapshots: snapshots.clone(),
         events: Some(events.clone()),
+    });
+    let loader = cli.loader_check.then(|| {
+        Arc::new(loader::LoaderCheck {
+            sink: Arc::new(loader::gpud::GpudLoader { bus: bus.clone() }),
+            owners,
+            pods: allocator.clone(),
+            pod_resources: cli.pod_resources(),
+            resource_name: cli.resource_name.clone(),
+            events: Some(events.clone()),
+        })
     });
     tokio::spawn(health_events::follow(
         snapshots.clone(),
@@ -335,6 +350,7 @@ fn start_kube(
         events,
         allocator,
         vram,
+        loader,
         registrar,
     }
 }

@@ -1,6 +1,30 @@
 //! Test helpers shared by the plugin's unit tests.
 
+use std::{future::Future, pin::Pin, sync::Arc};
+
 use ipc::types::GpuInfo;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::vram::{PodLookup, is_pod};
+
+/// The pods of the node as a [`PodLookup`] finds them.
+#[derive(Debug, Default)]
+pub struct KnownPods {
+    pub pods: Vec<Arc<Pod>>,
+}
+
+impl PodLookup for KnownPods {
+    fn find<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
+        let found = self.pods.iter().find(|p| is_pod(p, namespace, name, uid));
+        let answer = found.cloned().ok_or_else(|| "no such pod".to_owned());
+        Box::pin(async move { answer })
+    }
+}
 
 /// A healthy MI300X at `bdf` (SPX, 304 CUs, 192 GiB, NUMA 0) with ROCr UUID
 /// `rocr_uuid`; tests change the fields they care about.

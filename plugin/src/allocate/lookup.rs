@@ -184,6 +184,7 @@ mod tests {
             cdi: false,
             pod_resources: None,
             annotations_protected: false,
+            staged_hooks: None,
         };
         let (_, snapshots) = watch::channel(Snapshot::default());
         let caches = Caches::from_stores("n", nodes, pods);

@@ -11,6 +11,7 @@ mod lookup;
 mod occupancy;
 mod ours;
 mod pod;
+pub use pod::container_asks;
 mod report;
 mod reported;
 mod response;
@@ -66,6 +67,9 @@ pub struct AllocateConfig {
     pub pod_resources: Option<PathBuf>,
     /// HAMi's pod annotations are protected by admission (`--annotations-protected`).
     pub annotations_protected: bool,
+    /// With the loader check (`--loader-check`): the host directory under
+    /// which amd-gpud stages each container's hook (`--loader-hook-root`).
+    pub staged_hooks: Option<PathBuf>,
 }
 
 /// Why an Allocate failed, as the `reason` label of the error metric.
@@ -213,7 +217,7 @@ impl Allocator {
             .await
             .map_err(|_| late("no pod being bound was found"))??;
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-        let planned = tokio::time::timeout_at(deadline, self.allocate_for(&pod, &pods, ids.len()));
+        let planned = tokio::time::timeout_at(deadline, self.allocate_for(&pod, &pods, ids));
         match planned
             .await
             .unwrap_or_else(|_| Err(late("the pod was not written back")))
@@ -228,6 +232,8 @@ impl Allocator {
                 }
                 info!(pod = %who, devices = ids.len(), "allocated");
                 self.remember_owner(ids, &pod, &pods);
+                let staged = self.config.staged_hooks.is_some() && !answer.mounts.is_empty();
+                self.owners.remember_hook(ids, staged);
                 Ok(answer)
             }
             Err(err) => {
@@ -329,15 +335,15 @@ impl Allocator {
         &self,
         pod: &Arc<Pod>,
         pods: &[Arc<Pod>],
-        count: usize,
+        ids: &[String],
     ) -> Result<(ContainerAllocateResponse, bool), AllocateError> {
         let resource = &self.config.resource_name;
         let admitted = Admitted::read(self.config.pod_resources.as_deref(), resource).await;
-        let planned = match self.plan(pod, pods, count, &admitted) {
+        let planned = match self.plan(pod, pods, ids, &admitted) {
             // The cached view may still count pods that are gone or done
             // (the watch lags behind HAMi): plan once more on a fresh list.
             Err(err) if err.reason == Reason::Slice => match self.listed_view(&err).await {
-                Some(fresh) => self.plan(pod, &fresh, count, &admitted),
+                Some(fresh) => self.plan(pod, &fresh, ids, &admitted),
                 None => Err(err),
             },
             planned => planned,
@@ -362,9 +368,10 @@ impl Allocator {
         &self,
         pod: &Pod,
         pods: &[Arc<Pod>],
-        count: usize,
+        ids: &[String],
         admitted: &Admitted,
     ) -> Result<(ContainerAllocateResponse, Value, bool), AllocateError> {
+        let count = ids.len();
         let value = pod
             .annotations()
             .get(TO_ALLOCATE_KEY)
@@ -392,7 +399,14 @@ impl Allocator {
         })?;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
         let slices = self.slices(&entry, pods, &mut reuse, (admitted, &totals))?;
-        let answer = response::build(&slices, &self.config).because(Reason::Slice)?;
+        // With the loader check, the hook's directory is this container's
+        // staged one, filled at PreStartContainer (crate::loader).
+        let staged = self.config.staged_hooks.as_ref().map(|root| {
+            root.join(pod.uid().unwrap_or_default())
+                .join(crate::loader::decide::staging_key(ids))
+        });
+        let answer =
+            response::build(&slices, &self.config, staged.as_deref()).because(Reason::Slice)?;
         let (mut annotations, complete) =
             write_back::write_back(pod, &slices, rest).because(Reason::Annotation)?;
         if let Some(spare) = reuse.annotation().because(Reason::Annotation)? {

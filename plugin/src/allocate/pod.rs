@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::{
-    api::core::v1::{Node, Pod},
+    api::core::v1::{Container, Node, Pod},
     apimachinery::pkg::api::resource::Quantity,
 };
 use kube::ResourceExt;
@@ -196,15 +196,19 @@ fn asked<'a>(pod: &'a Pod, resource: &'a str) -> impl Iterator<Item = u64> + 'a 
         .flatten();
     let app = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
     init.chain(app)
-        .filter_map(|c| c.resources.as_ref())
-        .filter_map(move |r| {
-            let of = |m: &Option<BTreeMap<String, Quantity>>| {
-                m.as_ref()
-                    .and_then(|m| m.get(resource))
-                    .map(|q| q.0.trim().parse::<u64>())
-            };
-            of(&r.limits).or_else(|| of(&r.requests))?.ok()
-        })
+        .filter_map(move |c| container_asks(c, resource))
+}
+
+/// How many devices of `resource` `container` asks for (its limit, or its
+/// request when only that is given); `None` when none or unparsable.
+pub fn container_asks(container: &Container, resource: &str) -> Option<u64> {
+    let r = container.resources.as_ref()?;
+    let of = |m: &Option<BTreeMap<String, Quantity>>| {
+        m.as_ref()
+            .and_then(|m| m.get(resource))
+            .map(|q| q.0.trim().parse::<u64>())
+    };
+    of(&r.limits).or_else(|| of(&r.requests))?.ok()
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! its read-only mount) only when something is sliced: a whole-GPU request
 //! gets neither and works with any image.
 
-use std::{collections::HashMap, ops::Range};
+use std::{collections::HashMap, ops::Range, path::Path};
 
 use ipc::types::{GpuInfo, PartitionInfo};
 use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
@@ -124,13 +124,15 @@ fn device(host: String, container: String) -> DeviceSpec {
     }
 }
 
-/// The container response for `slices`, in annotation order.
+/// The container response for `slices`, in annotation order; `staged`: the
+/// container's hook directory when the loader check is on.
 ///
 /// # Errors
 /// When the environment would not be valid for ROCr.
 pub fn build(
     slices: &[Slice],
     config: &AllocateConfig,
+    staged: Option<&Path>,
 ) -> Result<ContainerAllocateResponse, String> {
     let dev = |rel: &str| {
         (
@@ -167,10 +169,19 @@ pub fn build(
             ));
         }
         envs.insert("LD_AUDIT".to_owned(), HOOK_IN_CONTAINER.to_owned());
-        mounts.push(Mount {
-            container_path: HOOK_IN_CONTAINER.to_owned(),
-            host_path: hook.display().to_string(),
-            read_only: true,
+        mounts.push(match staged {
+            // The directory, so that what amd-gpud puts in it (or not)
+            // before CreateContainer is what the container sees.
+            Some(dir) => Mount {
+                container_path: crate::loader::HOOK_DIR_IN_CONTAINER.to_owned(),
+                host_path: dir.display().to_string(),
+                read_only: true,
+            },
+            None => Mount {
+                container_path: HOOK_IN_CONTAINER.to_owned(),
+                host_path: hook.display().to_string(),
+                read_only: true,
+            },
         });
     }
     let (devices, cdi_devices) = if config.cdi {

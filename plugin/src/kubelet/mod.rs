@@ -42,6 +42,8 @@ pub struct KubeletConfig {
     pub hint: Option<Arc<dyn AllocationHint>>,
     /// VRAM caps at PreStartContainer; `None` without the API.
     pub vram: Option<Arc<crate::vram::VramCaps>>,
+    /// The loader check at PreStartContainer; `None` when off.
+    pub loader: Option<Arc<crate::loader::LoaderCheck>>,
     /// Allocate metrics and the registration state.
     pub metrics: Arc<crate::metrics::Metrics>,
 }
@@ -49,7 +51,7 @@ pub struct KubeletConfig {
 impl KubeletConfig {
     /// Whether kubelet must call PreStartContainer now.
     pub fn pre_start_required(&self) -> bool {
-        self.vram.as_ref().is_some_and(|v| v.pre_start_required())
+        self.loader.is_some() || self.vram.as_ref().is_some_and(|v| v.pre_start_required())
     }
 }
 
@@ -132,6 +134,7 @@ async fn serve_once(
         hint: config.hint.clone(),
         allocator: config.allocator.clone(),
         vram: config.vram.clone(),
+        loader: config.loader.clone(),
         stopping: stopping_rx,
         metrics: config.metrics.clone(),
     };

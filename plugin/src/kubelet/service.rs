@@ -43,6 +43,8 @@ pub struct PluginService {
     pub allocator: Option<Arc<crate::allocate::Allocator>>,
     /// VRAM caps at PreStartContainer, when the Kubernetes API is available.
     pub vram: Option<Arc<crate::vram::VramCaps>>,
+    /// The loader check at PreStartContainer (`--loader-check`).
+    pub loader: Option<Arc<crate::loader::LoaderCheck>>,
     /// Turns true when this server stops: open streams end so that the
     /// server's graceful shutdown does not wait on kubelet.
     pub stopping: watch::Receiver<bool>,
@@ -89,7 +91,8 @@ impl DevicePlugin for PluginService {
         &self,
         _: Request<Empty>,
     ) -> Result<Response<DevicePluginOptions>, Status> {
-        let pre_start = self.vram.as_ref().is_some_and(|v| v.pre_start_required());
+        let pre_start =
+            self.loader.is_some() || self.vram.as_ref().is_some_and(|v| v.pre_start_required());
         Ok(Response::new(options(pre_start)))
     }
 
@@ -188,14 +191,26 @@ impl DevicePlugin for PluginService {
         request: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         let ids = request.into_inner().devices_ids;
-        if let Some(vram) = &self.vram {
-            let span = info_span!("pre_start", devices = ?ids);
-            vram.pre_start(&ids)
-                .instrument(span)
-                .await
-                .map_err(Status::failed_precondition)?;
+        let span = info_span!("pre_start", devices = ?ids);
+        async {
+            // Without the hook, the container's VRAM cap is its only limit.
+            let capped = self.vram.as_ref().is_some_and(|v| v.pre_start_required());
+            let cap_mandatory = match &self.loader {
+                Some(loader) => loader
+                    .pre_start(&ids, capped)
+                    .await
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?,
+                None => false,
+            };
+            if let Some(vram) = &self.vram {
+                vram.pre_start(&ids, cap_mandatory)
+                    .await
+                    .map_err(Status::failed_precondition)?;
+            }
+            Ok(Response::new(PreStartContainerResponse {}))
         }
-        Ok(Response::new(PreStartContainerResponse {}))
+        .instrument(span)
+        .await
     }
 }
 
@@ -248,6 +263,7 @@ mod tests {
             hint,
             allocator: None,
             vram: None,
+            loader: None,
             stopping: watch::channel(false).1,
             metrics: Arc::new(Metrics::new()),
         }

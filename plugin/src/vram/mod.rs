@@ -107,20 +107,27 @@ impl VramCaps {
         }
     }
 
-    /// Applies the cap of the pod owning `ids`.
+    /// Applies the cap of the pod owning `ids`; `mandatory` when the
+    /// container has no memory hook (the loader check left it out), so the
+    /// cap is its only VRAM limit.
     ///
     /// # Errors
-    /// Only with `--dmem-backend on`: the reason, for kubelet.
-    pub async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
+    /// With `--dmem-backend on` or `mandatory`: the reason, for kubelet.
+    pub async fn pre_start(&self, ids: &[String], mandatory: bool) -> Result<(), String> {
         if !self.pre_start_required() {
             return Ok(());
         }
         let Err(err) = self.apply(ids).await else {
             return Ok(());
         };
-        if self.mode == DmemMode::On {
+        if self.mode == DmemMode::On || mandatory {
             warn!("PreStartContainer refused: {err}");
-            return Err(format!("{err} (--dmem-backend on makes this fatal)"));
+            let why = if mandatory {
+                "the container has no memory hook, so the cap is its only VRAM limit"
+            } else {
+                "--dmem-backend on makes this fatal"
+            };
+            return Err(format!("{err} ({why})"));
         }
         warn!("VRAM cap not applied, the container starts without it: {err}");
         if let (Some(events), Some(pod)) = (&self.events, self.owners.get(ids)) {

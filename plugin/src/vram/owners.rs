@@ -33,6 +33,9 @@ pub struct PodRef {
 #[derive(Debug, Default)]
 struct Record {
     by_ids: HashMap<BTreeSet<String>, PodRef>,
+    /// Whether Allocate mounted a staged memory hook for the ids (the
+    /// loader check); pruned with `by_ids`.
+    hooked: HashMap<BTreeSet<String>, bool>,
     prune_at: usize,
 }
 
@@ -62,9 +65,26 @@ impl Owners {
         let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         if record.by_ids.len() >= record.prune_at {
             record.by_ids.retain(|_, p| live(&p.uid));
+            let Record { by_ids, hooked, .. } = &mut *record;
+            hooked.retain(|ids, _| by_ids.contains_key(ids));
             record.prune_at = 2 * record.by_ids.len() + 16;
         }
         record.by_ids.insert(ids.iter().cloned().collect(), pod);
+    }
+
+    /// Records whether Allocate mounted a staged memory hook for `ids`
+    /// (after [`Self::remember`]).
+    pub fn remember_hook(&self, ids: &[String], staged: bool) {
+        let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        record.hooked.insert(ids.iter().cloned().collect(), staged);
+    }
+
+    /// Whether Allocate mounted a staged hook for exactly `ids`; `None`
+    /// when this process did not allocate them.
+    pub fn hooked(&self, ids: &[String]) -> Option<bool> {
+        let key: BTreeSet<String> = ids.iter().cloned().collect();
+        let record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        record.hooked.get(&key).copied()
     }
 
     /// The recorded owner of exactly `ids`.
@@ -139,13 +159,23 @@ pub fn owner_in(
     resource: &str,
     ids: &[String],
 ) -> Option<(String, String)> {
+    holder_in(list, resource, ids).map(|(namespace, name, _)| (namespace, name))
+}
+
+/// The pod (namespace, name) and container whose `resource` devices
+/// include every id.
+pub fn holder_in(
+    list: &ListPodResourcesResponse,
+    resource: &str,
+    ids: &[String],
+) -> Option<(String, String, String)> {
     list.pod_resources.iter().find_map(|pod| {
-        let holds = pod.containers.iter().any(|c| {
+        let holder = pod.containers.iter().find(|c| {
             c.devices.iter().any(|d| {
                 d.resource_name == resource && ids.iter().all(|id| d.device_ids.contains(id))
             })
-        });
-        holds.then(|| (pod.namespace.clone(), pod.name.clone()))
+        })?;
+        Some((pod.namespace.clone(), pod.name.clone(), holder.name.clone()))
     })
 }
 
@@ -187,6 +217,10 @@ mod tests {
             Some(("b".into(), "two".into()))
         );
         assert_eq!(owner_in(&list, "amd.com/gpu", &ids(&["G#9"])), None);
+        assert_eq!(
+            holder_in(&list, "amd.com/gpu", &ids(&["G#1"])),
+            Some(("a".into(), "one".into(), "c".into()))
+        );
     }
 
     #[test]
@@ -206,5 +240,8 @@ mod tests {
         assert_eq!(owners.get(&["C39".into()]), Some(p("u2")));
         let kept = owners.record.lock().unwrap().by_ids.len();
         assert_eq!(kept, 40, "live entries are kept");
+        owners.remember_hook(&["C39".into()], true);
+        assert_eq!(owners.hooked(&["C39".into()]), Some(true));
+        assert_eq!(owners.hooked(&["C38".into()]), None);
     }
 }

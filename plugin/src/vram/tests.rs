@@ -72,25 +72,6 @@ impl CapSink for FakeSink {
     }
 }
 
-/// The pods of the node as a lookup finds them.
-#[derive(Debug, Default)]
-struct Known {
-    pods: Vec<Arc<Pod>>,
-}
-
-impl PodLookup for Known {
-    fn find<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-        uid: Option<&'a str>,
-    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
-        let found = self.pods.iter().find(|p| is_pod(p, namespace, name, uid));
-        let answer = found.cloned().ok_or_else(|| "no such pod".to_owned());
-        Box::pin(async move { answer })
-    }
-}
-
 fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSink>) {
     let sink = Arc::new(sink);
     let (_tx, snapshots) = watch::channel(snapshot());
@@ -98,7 +79,7 @@ fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSi
         mode,
         sink: sink.clone(),
         owners: Arc::new(Owners::new(None, "amd.com/gpu")),
-        pods: Arc::new(Known {
+        pods: Arc::new(crate::testutil::KnownPods {
             pods: pods.into_iter().map(Arc::new).collect(),
         }),
         snapshots,
@@ -134,7 +115,7 @@ async fn the_pod_total_goes_to_amd_gpud_at_pre_start() {
     );
     assert!(caps.pre_start_required());
     remember(&caps, &ids);
-    tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids))
+    tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids, false))
         .await
         .unwrap()
         .unwrap();
@@ -158,8 +139,16 @@ async fn only_on_makes_a_failed_cap_fail_the_container() {
         vec![pod("GPU-A,T,1024,76:;")],
     );
     remember(&auto, &ids);
-    let done = tokio::time::timeout(Duration::from_secs(5), auto.pre_start(&ids)).await;
+    let done = tokio::time::timeout(Duration::from_secs(5), auto.pre_start(&ids, false)).await;
     assert_eq!(done.unwrap(), Ok(()), "auto: logged, the container starts");
+    let hookless = tokio::time::timeout(Duration::from_secs(5), auto.pre_start(&ids, true))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        hookless.contains("resource busy") && hookless.contains("no memory hook"),
+        "auto, but the loader check left the hook out: the cap must hold: {hookless}"
+    );
 
     let (on, _) = caps(
         DmemMode::On,
@@ -167,7 +156,7 @@ async fn only_on_makes_a_failed_cap_fail_the_container() {
         vec![pod("GPU-A,T,1024,76:;")],
     );
     remember(&on, &ids);
-    let err = tokio::time::timeout(Duration::from_secs(5), on.pre_start(&ids))
+    let err = tokio::time::timeout(Duration::from_secs(5), on.pre_start(&ids, false))
         .await
         .unwrap()
         .unwrap_err();
@@ -178,7 +167,7 @@ async fn only_on_makes_a_failed_cap_fail_the_container() {
 
     // No record and no pod-resources API: the ids are named.
     let (lost, sink) = caps(DmemMode::On, sink(true, None), vec![]);
-    let err = tokio::time::timeout(Duration::from_secs(5), lost.pre_start(&ids))
+    let err = tokio::time::timeout(Duration::from_secs(5), lost.pre_start(&ids, false))
         .await
         .unwrap()
         .unwrap_err();
@@ -193,7 +182,7 @@ async fn nothing_is_asked_when_the_backend_is_off() {
         let (caps, sink) = caps(mode, sink(on, None), vec![pod("GPU-A,T,1024,76:;")]);
         remember(&caps, &ids);
         assert!(!caps.pre_start_required());
-        let done = tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids)).await;
+        let done = tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids, false)).await;
         assert_eq!(done.unwrap(), Ok(()));
         assert!(sink.calls.lock().unwrap().is_empty(), "{mode:?}");
     }
