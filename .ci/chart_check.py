@@ -377,6 +377,7 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "AMDGPU_DP_DMEM_BACKEND": (str(dp["dmemBackend"]).lower()
                                    if isinstance(dp["dmemBackend"], bool) else dp["dmemBackend"]),
         "AMDGPU_DP_CDI": "true" if dp["cdi"]["enabled"] else "false",
+        "AMDGPU_DP_LOADER_CHECK": "true" if dp["muslFailClosed"]["enabled"] else "false",
         "AMDGPU_DP_ANNOTATIONS_PROTECTED":
             "true" if values["validatingAdmissionPolicy"]["enabled"] else "false",
         "AMDGPU_DP_HEALTH_PULSE": str(dp["healthPulse"]),
@@ -825,12 +826,13 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
         except helm.HelmRenderError as err:
             check("needs Kubernetes 1.30" in str(err),
                   f"the admission policy refuses to render for Kubernetes {version}", str(err))
-    try:
-        render(chart, {"dp": {"muslFailClosed": {"enabled": True}}})
-        bad("dp.muslFailClosed.enabled=true renders, and would do nothing")
-    except helm.HelmRenderError as err:
-        check("not implemented" in str(err),
-              "dp.muslFailClosed.enabled=true fails the install, saying why", str(err))
+    loader_ds = plugin_ds(render(chart, {"dp": {"muslFailClosed": {"enabled": True}}}))
+    loader_env = {e["name"]: e.get("value")
+                  for c in loader_ds["spec"]["template"]["spec"]["containers"]
+                  for e in c.get("env") or []}
+    check(loader_env.get("AMDGPU_DP_LOADER_CHECK") == "true",
+          "dp.muslFailClosed.enabled=true turns the plugin's loader check on",
+          repr(loader_env.get("AMDGPU_DP_LOADER_CHECK")))
     try:
         render(chart, {"nodeInstaller": {"enabled": True}, "runAsUser": 1000})
         bad("nodeInstaller renders with runAsUser 1000 (its package makes 60700)")
