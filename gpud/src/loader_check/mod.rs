@@ -14,7 +14,10 @@
 
 pub mod analyze;
 pub mod containerd;
+mod elf;
 pub mod source;
+#[cfg(test)]
+mod testelf;
 
 pub use source::{Descriptor, ImageSource, SourceError};
 
