@@ -13,11 +13,15 @@
 //! touches a host path, so an image's symlinks cannot lead it anywhere.
 
 pub mod analyze;
+mod classify;
 pub mod containerd;
 mod elf;
+mod layers;
+mod oci;
 pub mod source;
 #[cfg(test)]
 mod testelf;
+mod zstd;
 
 pub use source::{Descriptor, ImageSource, SourceError};
 
