@@ -314,3 +314,6 @@ pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, Loader), InspectError
     Ok((tree.len(), loader))
 }
 
+#[cfg(test)]
+#[path = "analyze_tests.rs"]
+mod tests;

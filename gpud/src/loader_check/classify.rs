@@ -341,3 +341,6 @@ fn glibc(tree: &Tree, evidence: String) -> (Loader, String) {
     (loader, evidence)
 }
 
+#[cfg(test)]
+#[path = "classify_tests.rs"]
+mod tests;

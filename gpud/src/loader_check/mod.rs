@@ -21,6 +21,8 @@ mod oci;
 pub mod source;
 #[cfg(test)]
 mod testelf;
+#[cfg(test)]
+mod testimage;
 mod zstd;
 
 pub use source::{Descriptor, ImageSource, SourceError};
