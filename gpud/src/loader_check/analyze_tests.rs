@@ -380,3 +380,41 @@ fn fuzz_entry_reads_layers() {
     assert_eq!(read_layer_for_fuzz(&zstd(&layer)).unwrap().0, 2);
     assert!(read_layer_for_fuzz(&[0x1f, 0x8b, 1]).is_err());
 }
+
+fn fuzz_seed() -> &'static [u8] {
+    static SEED: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    SEED.get_or_init(|| {
+        TarLayer::new()
+            .dir("bin/")
+            .file("bin/sh", 0o755, b"#!/bin/busybox\n")
+            .symlink("bin/busybox", "../lib/x")
+            .file("lib/.wh.y", 0o644, b"")
+            .file("lib/x", 0o755, &old_libc(30))
+            .hardlink("lib/libc.so.6", "lib/x")
+            .finish()
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn layer_reader_never_panics(
+        edits in proptest::collection::vec((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u8>()), 0..24),
+        cut in proptest::prelude::any::<proptest::sample::Index>(),
+        packing in 0u8..3,
+    ) {
+        let mut bytes = fuzz_seed().to_vec();
+        for (at, b) in &edits {
+            let i = at.index(bytes.len());
+            bytes[i] = *b;
+        }
+        bytes.truncate(cut.index(bytes.len() + 1));
+        let bytes = match packing {
+            0 => bytes,
+            1 => gzip(&bytes),
+            _ => zstd(&bytes),
+        };
+        let _ = read_layer_for_fuzz(&bytes);
+    }
+}
