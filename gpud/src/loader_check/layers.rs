@@ -24,6 +24,8 @@ use super::zstd::ZstdFrames;
 pub(crate) const PREFIX_LEN: usize = 64 * 1024;
 const PREFIX: u64 = PREFIX_LEN as u64;
 const WHITEOUT: &str = ".wh.";
+/// Paths and link targets longer than Linux's `PATH_MAX` are not kept.
+const MAX_PATH: usize = 4096;
 const OPAQUE: &str = ".wh..wh..opq";
 
 /// What one path of the merged tree is.
@@ -282,6 +284,12 @@ struct Changes {
     entries: Vec<(String, Node)>,
 }
 
+impl Changes {
+    fn len(&self) -> usize {
+        self.opaque.len() + self.whiteouts.len() + self.entries.len()
+    }
+}
+
 /// A read error or a refusal, sorted out by [`Budget::failure`].
 enum Failure {
     Io(io::Error),
@@ -338,24 +346,27 @@ fn read_changes<R: Read>(
         budget.check_time().map_err(Failure::Inspect)?;
         let mut entry = entry?;
         let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        if raw.len() > MAX_PATH {
+            continue; // no file system the container runs on has it
+        }
         let Some(path) = normalize(&raw) else {
             continue; // the root directory itself
         };
         let name = basename(&path);
         if name == OPAQUE {
             changes.opaque.push(parent(&path).to_owned());
-            continue;
-        }
-        if let Some(hidden) = name.strip_prefix(WHITEOUT) {
+        } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
             let dir = parent(&path);
-            let sep = if dir == "/" { "" } else { "/" };
-            changes.whiteouts.push(format!("{dir}{sep}{hidden}"));
-            continue;
+            if let Some(hidden) = normalize(&format!("{dir}/{hidden}"))
+                && parent(&hidden) == dir
+            {
+                changes.whiteouts.push(hidden);
+            }
+        } else {
+            let node = entry_node(&mut entry, &path, limits)?;
+            changes.entries.push((path, node));
         }
-        let node = entry_node(&mut entry, &path, limits)?;
-        changes.entries.push((path, node));
-        let total = kept.saturating_add(changes.entries.len());
-        if total > limits.max_entries {
+        if kept.saturating_add(changes.len()) > limits.max_entries {
             return Err(Failure::Inspect(InspectError::Limit {
                 limit: "max_entries",
                 value: limits.max_entries as u64,
@@ -375,17 +386,15 @@ fn entry_node<R: Read>(
     let kind = header.entry_type();
     let mode = header.mode().unwrap_or(0);
     let size = header.size().unwrap_or(0);
-    let link = || {
-        entry
-            .link_name_bytes()
-            .map(|l| String::from_utf8_lossy(&l).into_owned())
-            .unwrap_or_default()
-    };
-    Ok(match kind {
-        T::Directory => Node::Dir,
-        T::Symlink => Node::Symlink(link()),
-        T::Link => Node::Hardlink(normalize(&link()).unwrap_or_else(|| "/".to_owned())),
-        T::Regular | T::Continuous => Node::File(summarize(entry, path, mode, size, limits)?),
+    let link = entry
+        .link_name_bytes()
+        .map(|l| String::from_utf8_lossy(&l).into_owned())
+        .filter(|l| l.len() <= MAX_PATH);
+    Ok(match (kind, link) {
+        (T::Directory, _) => Node::Dir,
+        (T::Symlink, Some(to)) => Node::Symlink(to),
+        (T::Link, Some(to)) => Node::Hardlink(normalize(&to).unwrap_or_else(|| "/".to_owned())),
+        (T::Regular | T::Continuous, _) => Node::File(summarize(entry, path, mode, size, limits)?),
         _ => Node::Other,
     })
 }

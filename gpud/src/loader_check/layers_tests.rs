@@ -224,3 +224,32 @@ fn zstd_with_several_frames() {
     let tree = apply_all(&[(Compression::Zstd, joined)], &Limits::default()).unwrap();
     assert!(tree.get("/lib/sub/deep").is_some());
 }
+
+#[test]
+fn odd_whiteouts_hide_nothing_else() {
+    let upper = TarLayer::new()
+        .file(".wh.", 0o644, b"")
+        .file("lib/.wh...", 0o644, b"")
+        .file("lib/.wh.", 0o644, b"")
+        .finish();
+    let tree = apply_all(
+        &[(Compression::None, base()), (Compression::None, upper)],
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(tree.len(), 7);
+}
+
+#[test]
+fn whiteouts_count_against_max_entries() {
+    let mut upper = TarLayer::new();
+    for i in 0..10 {
+        upper = upper.file(&format!("gone/.wh.f{i}"), 0o644, b"");
+    }
+    let limits = Limits {
+        max_entries: 5,
+        ..Limits::default()
+    };
+    let err = apply_all(&[(Compression::None, upper.finish())], &limits).unwrap_err();
+    assert_eq!(err.reason(), "limit");
+}
