@@ -418,3 +418,20 @@ proptest::proptest! {
         let _ = read_layer_for_fuzz(&bytes);
     }
 }
+
+#[test]
+fn untyped_documents_are_told_by_their_fields() {
+    let mut s = MemSource::default();
+    let m = debian(&mut s, &json!({"Entrypoint": ["/bin/true"]}));
+    let mut doc: serde_json::Value = serde_json::from_slice(&s.blobs[&m.digest]).unwrap();
+    doc.as_object_mut().unwrap().remove("mediaType");
+    let untyped = s.put("", serde_json::to_vec(&doc).unwrap());
+    let f = inspect(&mut s, &untyped).unwrap();
+    assert_eq!(
+        f.loader,
+        Loader::Glibc {
+            major: 2,
+            minor: 36
+        }
+    );
+}

@@ -88,7 +88,8 @@ fn kind_of(media_type: &str) -> Option<Kind> {
 }
 
 /// Parses the blob `desc` as an index or a manifest: its kind comes from
-/// the descriptor's media type, else from the blob's `mediaType` field.
+/// the descriptor's media type, else from the blob's `mediaType` field,
+/// else from its fields (`manifests`: an index; `config`: a manifest).
 ///
 /// # Errors
 /// [`InspectError::Malformed`] naming the digest.
@@ -99,10 +100,11 @@ pub(crate) fn parse_target(desc: &Descriptor, bytes: &[u8]) -> Result<Parsed, In
     };
     let doc: Document = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
     let declared = doc.media_type.as_deref().unwrap_or_default();
-    let kind = if desc.media_type.is_empty() {
-        kind_of(declared)
-    } else {
-        kind_of(&desc.media_type)
+    let kind = match (desc.media_type.as_str(), declared) {
+        ("", "") if doc.manifests.is_some() => Some(Kind::Index),
+        ("", "") if doc.config.is_some() => Some(Kind::Manifest),
+        ("", declared) => kind_of(declared),
+        (given, _) => kind_of(given),
     };
     let kind = kind.ok_or_else(|| {
         bad(format!(
