@@ -1,16 +1,45 @@
-//! The image analysis (placeholder until the analysis lands).
+//! The image analysis: from an image's target descriptor (index or
+//! manifest) to the loader its command runs under.
+//!
+//! [`inspect_target`] reads the manifest for the platform
+//! (`opencontainers/image-spec:image-index.md`), the config's command
+//! (`config.md`), merges the layers into a file tree of summaries
+//! (`layer.md`, [`super::layers`]) and classifies the command over that tree
+//! ([`super::classify`]). Everything read is bounded by [`Limits`].
 
-use std::time::{Duration, Instant};
+use std::{
+    fmt,
+    time::{Duration, Instant},
+};
 
-use super::{Descriptor, Finding, ImageSource, SourceError};
+use tracing::{debug, debug_span};
+
+use super::classify::{self, Command};
+use super::layers::{self, Budget, Compression, Tree};
+use super::oci::{self, Parsed};
+use super::source::{Descriptor, ImageSource, SourceError};
+use super::{Finding, Loader};
+
+pub use super::elf::{
+    ElfClass, ElfError, ElfSummary, GlibcVersion, Interp, Shebang, elf_summary, glibc_versions,
+    shebang,
+};
+
+/// Indexes followed below the target: an index may name an index once.
+const MAX_NESTING: usize = 2;
 
 /// Limits of one inspection.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Bytes read of a manifest, index or config blob.
     pub max_json: u64,
+    /// Uncompressed tar bytes read over all layers.
     pub max_layer_bytes: u64,
+    /// Tar entries kept in the merged tree.
     pub max_entries: usize,
+    /// Bytes of a `libc.so.6`, which is read whole.
     pub max_libc: u64,
+    /// When the inspection gives up.
     pub deadline: Instant,
 }
 
@@ -26,7 +55,7 @@ impl Default for Limits {
     }
 }
 
-/// The platform whose manifest is read.
+/// The platform a manifest is chosen for (`image-index.md`, "platform").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Platform {
     pub os: String,
@@ -35,36 +64,256 @@ pub struct Platform {
 }
 
 impl Platform {
+    /// This machine: `linux` and the Go-style name of its architecture.
+    #[must_use]
     pub fn host() -> Self {
+        let architecture = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "x86" => "386",
+            "aarch64" => "arm64",
+            "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+            "powerpc64" => "ppc64",
+            "loongarch64" => "loong64",
+            "mips64" if cfg!(target_endian = "little") => "mips64le",
+            other => other,
+        };
         Self {
-            os: "linux".into(),
-            architecture: "amd64".into(),
+            os: "linux".to_owned(),
+            architecture: architecture.to_owned(),
             variant: None,
         }
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum InspectError {
-    #[error(transparent)]
-    Source(#[from] SourceError),
-    #[error("not written yet")]
-    Unwritten,
-}
-
-impl InspectError {
-    pub fn reason(&self) -> &'static str {
-        "unwritten"
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        if let Some(v) = &self.variant {
+            write!(f, "/{v}")?;
+        }
+        Ok(())
     }
 }
 
-/// # Errors
-/// Always, for now.
-pub fn inspect_target(
-    _source: &mut dyn ImageSource,
-    _target: &Descriptor,
-    _platform: &Platform,
-    _limits: &Limits,
-) -> Result<Finding, InspectError> {
-    Err(InspectError::Unwritten)
+/// Why an image could not be inspected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InspectError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("blob {digest} is not a valid index, manifest or config: {why}")]
+    Malformed { digest: String, why: String },
+    #[error("index {digest} has no manifest for {wanted}; it offers {offered:?}")]
+    NoPlatform {
+        digest: String,
+        wanted: String,
+        offered: Vec<String>,
+    },
+    #[error("layer {digest} has media type {media_type:?}, which the loader check cannot read")]
+    UnsupportedLayer { digest: String, media_type: String },
+    #[error("indexes nested deeper than {MAX_NESTING} levels at {digest}")]
+    TooDeep { digest: String },
+    #[error("the image exceeds the loader check's {limit} of {value}")]
+    Limit { limit: &'static str, value: u64 },
+    #[error("the loader check ran out of time {stage}")]
+    OutOfTime { stage: &'static str },
+    #[error("layer {digest} could not be read (at uncompressed byte {offset:?}): {why}")]
+    Layer {
+        digest: String,
+        offset: Option<u64>,
+        why: String,
+    },
 }
+
+impl InspectError {
+    /// A short label for metrics.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Source(SourceError::NotPresent { .. }) => "not_present",
+            Self::Source(SourceError::NoRuntime { .. }) => "no_runtime",
+            Self::Source(SourceError::MissingBlob { .. }) => "missing_blob",
+            Self::Source(SourceError::TooLarge { .. }) => "blob_too_large",
+            Self::Source(SourceError::Rpc { .. }) => "runtime_rpc",
+            Self::Malformed { .. } => "malformed",
+            Self::NoPlatform { .. } => "no_platform",
+            Self::UnsupportedLayer { .. } => "unsupported_layer",
+            Self::TooDeep { .. } => "nested_too_deep",
+            Self::Limit { .. } => "limit",
+            Self::OutOfTime { .. } => "out_of_time",
+            Self::Layer { .. } => "layer_read",
+        }
+    }
+}
+
+fn check_time(limits: &Limits, stage: &'static str) -> Result<(), InspectError> {
+    if Instant::now() >= limits.deadline {
+        return Err(InspectError::OutOfTime { stage });
+    }
+    Ok(())
+}
+
+/// A JSON blob, bounded by `max_json` (a store's `TooLarge` is reported as
+/// that limit).
+fn read_json(
+    source: &mut dyn ImageSource,
+    desc: &Descriptor,
+    limits: &Limits,
+) -> Result<Vec<u8>, InspectError> {
+    check_time(limits, "reading the manifest and config")?;
+    match source.read_blob(desc, limits.max_json) {
+        Err(SourceError::TooLarge { .. }) => Err(InspectError::Limit {
+            limit: "max_json",
+            value: limits.max_json,
+        }),
+        Ok(b) if b.len() as u64 > limits.max_json => Err(InspectError::Limit {
+            limit: "max_json",
+            value: limits.max_json,
+        }),
+        other => Ok(other?),
+    }
+}
+
+/// The manifest for `platform` under `target`: its config and layers.
+fn manifest(
+    source: &mut dyn ImageSource,
+    target: &Descriptor,
+    platform: &Platform,
+    limits: &Limits,
+) -> Result<(Descriptor, Vec<Descriptor>), InspectError> {
+    let mut desc = target.clone();
+    for _ in 0..=MAX_NESTING {
+        let bytes = read_json(source, &desc, limits)?;
+        match oci::parse_target(&desc, &bytes)? {
+            Parsed::Manifest { config, layers } => {
+                let layers = layers.iter().map(oci::JsonDescriptor::to_descriptor);
+                return Ok((config.to_descriptor(), layers.collect()));
+            }
+            Parsed::Index(entries) => {
+                let chosen = oci::select(&desc.digest, &entries, platform)?;
+                debug!(index = %desc.digest, manifest = %chosen.digest, "chose a manifest");
+                desc = chosen.to_descriptor();
+            }
+        }
+    }
+    Err(InspectError::TooDeep {
+        digest: desc.digest,
+    })
+}
+
+/// The command of the config blob `desc`.
+fn command(
+    source: &mut dyn ImageSource,
+    desc: &Descriptor,
+    limits: &Limits,
+) -> Result<Command, InspectError> {
+    let bytes = read_json(source, desc, limits)?;
+    let config = oci::parse_config(&desc.digest, &bytes)?;
+    let defaults = Command::default();
+    let working_dir = match config.working_dir.as_deref() {
+        Some(d) if d.starts_with('/') => d.to_owned(),
+        Some(d) if !d.is_empty() => format!("/{d}"),
+        _ => defaults.working_dir,
+    };
+    Ok(Command {
+        argv0: config.argv().into_iter().next(),
+        path: config.path().map_or(defaults.path, str::to_owned),
+        working_dir,
+    })
+}
+
+/// The merged file tree of `layers`, bottom first.
+fn merge(
+    source: &mut dyn ImageSource,
+    layers: &[Descriptor],
+    limits: &Limits,
+) -> Result<Tree, InspectError> {
+    let mut tree = Tree::default();
+    let budget = Budget::new(limits);
+    for layer in layers {
+        check_time(limits, "reading layers")?;
+        let compression =
+            Compression::of(&layer.media_type).ok_or_else(|| InspectError::UnsupportedLayer {
+                digest: layer.digest.clone(),
+                media_type: layer.media_type.clone(),
+            })?;
+        let blob = source.open_blob(layer)?;
+        layers::apply_layer(&mut tree, blob, compression, &layer.digest, &budget, limits)?;
+        debug!(layer = %layer.digest, entries = tree.len(), "applied a layer");
+    }
+    Ok(tree)
+}
+
+/// Which loader the image `target` (an index or a manifest) runs its
+/// command under on `platform`.
+///
+/// # Errors
+/// [`InspectError`]: the store failed, a document is malformed, no manifest
+/// fits the platform, a layer cannot be read, a limit or the deadline was
+/// reached.
+pub fn inspect_target(
+    source: &mut dyn ImageSource,
+    target: &Descriptor,
+    platform: &Platform,
+    limits: &Limits,
+) -> Result<Finding, InspectError> {
+    let span = debug_span!("loader_check", digest = %target.digest, %platform);
+    let _entered = span.enter();
+    let result = inspect(source, target, platform, limits);
+    match &result {
+        Ok(f) => debug!(loader = ?f.loader, evidence = %f.evidence, "inspected"),
+        Err(e) => debug!(error = %e, reason = e.reason(), "inspection failed"),
+    }
+    result
+}
+
+fn inspect(
+    source: &mut dyn ImageSource,
+    target: &Descriptor,
+    platform: &Platform,
+    limits: &Limits,
+) -> Result<Finding, InspectError> {
+    check_time(limits, "before starting")?;
+    let (config, layers) = manifest(source, target, platform, limits)?;
+    let command = command(source, &config, limits)?;
+    let tree = merge(source, &layers, limits)?;
+    let (loader, evidence) = classify::classify(&tree, &command);
+    Ok(Finding {
+        digest: target.digest.clone(),
+        loader,
+        evidence,
+    })
+}
+
+/// Runs the layer reader over `bytes` (a tar archive, gzip- or
+/// zstd-compressed if it starts with their magic) with the default limits,
+/// then classifies `/bin/sh` over the result: for the fuzzer. Returns the
+/// number of paths in the merged tree and the loader found.
+///
+/// # Errors
+/// What reading the layer would return.
+pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, Loader), InspectError> {
+    let compression = match bytes {
+        [0x1f, 0x8b, ..] => Compression::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Zstd,
+        _ => Compression::None,
+    };
+    let limits = Limits {
+        max_layer_bytes: 64 << 20,
+        max_entries: 100_000,
+        max_libc: 4 << 20,
+        ..Limits::default()
+    };
+    let budget = Budget::new(&limits);
+    let mut tree = Tree::default();
+    layers::apply_layer(&mut tree, bytes, compression, "fuzz", &budget, &limits)?;
+    let command = Command {
+        argv0: Some("sh".to_owned()),
+        ..Command::default()
+    };
+    let (loader, _) = classify::classify(&tree, &command);
+    Ok((tree.len(), loader))
+}
+
+#[cfg(test)]
+#[path = "analyze_tests.rs"]
+mod tests;

@@ -14,11 +14,20 @@
 
 pub mod analyze;
 pub mod checker;
+mod classify;
 pub mod config;
 pub mod containerd;
+mod elf;
+mod layers;
+mod oci;
 pub mod reference;
 pub mod source;
 pub mod stage;
+#[cfg(test)]
+mod testelf;
+#[cfg(test)]
+mod testimage;
+mod zstd;
 
 pub use source::{Descriptor, ImageSource, SourceError};
 

@@ -173,9 +173,33 @@ impl HamiEmulator {
         containers: &[Vec<Grant>],
         now: u64,
     ) {
+        self.bind_image_unlocked(api, name, containers, now, "rocm");
+    }
+
+    /// [`Self::bind`] of a pod whose one container runs `image`.
+    pub fn bind_image(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        containers: &[Vec<Grant>],
+        now: u64,
+        image: &str,
+    ) {
+        self.bind_image_unlocked(api, name, containers, now, image);
+        self.lock(api, name);
+    }
+
+    fn bind_image_unlocked(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        containers: &[Vec<Grant>],
+        now: u64,
+        image: &str,
+    ) {
         let devices: usize = containers.iter().map(Vec::len).sum();
         let limits = json!({"amd.com/gpu": devices.to_string()});
-        let spec = json!([{"name": "c", "image": "rocm", "resources": {"limits": limits}}]);
+        let spec = json!([{"name": "c", "image": image, "resources": {"limits": limits}}]);
         self.put_bound(api, name, containers, now, json!({"containers": spec}));
     }
 

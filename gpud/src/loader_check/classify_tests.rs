@@ -1,0 +1,266 @@
+use super::*;
+use crate::loader_check::elf::{ElfClass, ElfSummary, Shebang};
+
+const GLIBC_LD: &str = "/lib64/ld-linux-x86-64.so.2";
+const MUSL_LD: &str = "/lib/ld-musl-x86_64.so.1";
+
+fn file(kind: FileKind) -> Node {
+    Node::File(FileSummary {
+        mode: 0o755,
+        kind,
+        glibc: None,
+    })
+}
+
+fn elf(interp: Option<&str>) -> Node {
+    file(FileKind::Elf(ElfSummary {
+        class: ElfClass::Elf64,
+        machine: 62,
+        interp: interp.map_or(Interp::Absent, |p| Interp::Path(p.to_owned())),
+        dynamic: interp.is_some(),
+    }))
+}
+
+fn script(interpreter: &str, arg: Option<&str>) -> Node {
+    file(FileKind::Script(Shebang {
+        interpreter: interpreter.to_owned(),
+        arg: arg.map(str::to_owned),
+    }))
+}
+
+fn libc(newest: u32) -> Node {
+    let versions = [(2, 2, 5), (2, 3, 0), (2, newest, 0)]
+        .map(|(major, minor, patch)| GlibcVersion {
+            major,
+            minor,
+            patch,
+        })
+        .to_vec();
+    Node::File(FileSummary {
+        mode: 0o755,
+        kind: FileKind::Other,
+        glibc: Some(Ok(versions)),
+    })
+}
+
+fn link(to: &str) -> Node {
+    Node::Symlink(to.to_owned())
+}
+
+/// A Debian-like merged-/usr tree with glibc 2.`minor`.
+fn debian(minor: u32) -> Tree {
+    let mut t = Tree::default();
+    for (p, n) in [
+        ("/bin", link("usr/bin")),
+        ("/lib", link("usr/lib")),
+        ("/lib64", link("usr/lib64")),
+        ("/usr", Node::Dir),
+        ("/usr/bin", Node::Dir),
+        ("/usr/bin/true", elf(Some(GLIBC_LD))),
+        ("/usr/lib/x86_64-linux-gnu", Node::Dir),
+        ("/usr/lib/x86_64-linux-gnu/libc.so.6", libc(minor)),
+        ("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", elf(None)),
+        (
+            "/usr/lib64/ld-linux-x86-64.so.2",
+            link("../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        ),
+    ] {
+        t.insert(p, n);
+    }
+    t
+}
+
+fn run(t: &Tree, argv0: &str) -> (Loader, String) {
+    let cmd = Command {
+        argv0: Some(argv0.to_owned()),
+        ..Command::default()
+    };
+    classify(t, &cmd)
+}
+
+fn glibc(minor: u32) -> Loader {
+    Loader::Glibc { major: 2, minor }
+}
+
+#[test]
+fn merged_usr_glibc() {
+    let (loader, evidence) = run(&debian(36), "/bin/true");
+    assert_eq!(loader, glibc(36));
+    assert_eq!(
+        evidence,
+        "entrypoint /bin/true (-> /usr/bin/true) -> interpreter /lib64/ld-linux-x86-64.so.2; \
+         /lib/x86_64-linux-gnu/libc.so.6 defines GLIBC_2.36"
+    );
+}
+
+#[test]
+fn path_lookup_and_working_dir() {
+    let t = debian(36);
+    assert_eq!(run(&t, "true").0, glibc(36));
+    let cmd = Command {
+        argv0: Some("./true".to_owned()),
+        working_dir: "/usr/bin".to_owned(),
+        ..Command::default()
+    };
+    assert_eq!(classify(&t, &cmd).0, glibc(36));
+    let cmd = Command {
+        argv0: Some("true".to_owned()),
+        path: "/nowhere:bin".to_owned(),
+        ..Command::default()
+    };
+    assert_eq!(classify(&t, &cmd).0, glibc(36));
+}
+
+#[test]
+fn old_glibc_is_reported_as_is() {
+    assert_eq!(run(&debian(33), "/usr/bin/true").0, glibc(33));
+}
+
+#[test]
+fn musl_and_static() {
+    let mut t = Tree::default();
+    t.insert("/bin/app", elf(Some(MUSL_LD)));
+    t.insert("/bin/static", elf(None));
+    let (loader, evidence) = run(&t, "/bin/app");
+    assert_eq!(loader, Loader::Musl);
+    assert!(evidence.contains(MUSL_LD), "{evidence}");
+    assert_eq!(run(&t, "/bin/static").0, Loader::Static);
+}
+
+#[test]
+fn shebang_to_static_busybox() {
+    let mut t = Tree::default();
+    t.insert("/bin/busybox", elf(None));
+    t.insert("/bin/sh", link("busybox"));
+    t.insert("/entry.sh", script("/bin/sh", Some("-e")));
+    let (loader, evidence) = run(&t, "/entry.sh");
+    assert_eq!(loader, Loader::Static);
+    assert!(
+        evidence.contains("script interpreter /bin/sh (-> /bin/busybox)"),
+        "{evidence}"
+    );
+}
+
+#[test]
+fn env_script_follows_its_program() {
+    let mut t = debian(36);
+    t.insert("/usr/bin/env", elf(Some(GLIBC_LD)));
+    t.insert("/usr/local/bin/tool", elf(Some(MUSL_LD)));
+    t.insert("/run.py", script("/usr/bin/env", Some("tool")));
+    assert_eq!(run(&t, "/run.py").0, Loader::Musl);
+}
+
+#[test]
+fn script_chains_are_bounded() {
+    let mut t = Tree::default();
+    t.insert("/a", script("/a", None));
+    assert!(matches!(run(&t, "/a").0, Loader::Unknown { .. }));
+}
+
+#[test]
+fn escaping_symlink_stays_in_the_image() {
+    let mut t = Tree::default();
+    t.insert("/usr/bin/app", link("../../../../etc/x"));
+    t.insert("/etc/x", elf(None));
+    assert_eq!(run(&t, "/usr/bin/app").0, Loader::Static);
+    t.insert("/usr/bin/abs", link("/../../etc/x"));
+    assert_eq!(run(&t, "/usr/bin/abs").0, Loader::Static);
+}
+
+#[test]
+fn symlink_loop_is_unknown() {
+    let mut t = Tree::default();
+    t.insert("/bin/a", link("b"));
+    t.insert("/bin/b", link("/bin/a"));
+    let (loader, _) = run(&t, "/bin/a");
+    let Loader::Unknown { why } = loader else {
+        panic!("{loader:?}")
+    };
+    assert!(why.contains("symlinks"), "{why}");
+}
+
+#[test]
+fn hardlink_is_followed() {
+    let mut t = Tree::default();
+    t.insert("/bin/real", elf(None));
+    t.insert("/bin/alias", Node::Hardlink("/bin/real".to_owned()));
+    assert_eq!(run(&t, "/bin/alias").0, Loader::Static);
+}
+
+#[test]
+fn missing_entrypoint_uses_the_loaders_present() {
+    let glibc_tree = debian(36);
+    let (loader, evidence) = run(&glibc_tree, "/nope");
+    assert_eq!(loader, glibc(36));
+    assert!(
+        evidence.starts_with("entrypoint /nope not found"),
+        "{evidence}"
+    );
+
+    let mut musl = Tree::default();
+    musl.insert(MUSL_LD, link("/usr/lib/libc.so"));
+    assert_eq!(classify(&musl, &Command::default()).0, Loader::Musl);
+
+    let mut none = Tree::default();
+    none.insert("/etc/passwd", file(FileKind::NotRead));
+    let (loader, evidence) = classify(&none, &Command::default());
+    assert_eq!(loader, Loader::Static);
+    assert!(evidence.contains("no loader in the image"), "{evidence}");
+
+    let mut both = debian(36);
+    both.insert(MUSL_LD, elf(None));
+    assert!(matches!(
+        classify(&both, &Command::default()).0,
+        Loader::Unknown { .. }
+    ));
+}
+
+#[test]
+fn copies_that_disagree_give_the_lowest() {
+    let mut t = debian(36);
+    t.insert("/usr/lib64/libc.so.6", libc(28));
+    let (loader, evidence) = run(&t, "/usr/bin/true");
+    assert_eq!(loader, glibc(28));
+    assert!(evidence.contains("lowest of 2 copies"), "{evidence}");
+}
+
+#[test]
+fn glibc_without_libc_or_verdef_is_unknown() {
+    let mut t = debian(36);
+    t.insert(
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        Node::File(FileSummary {
+            mode: 0o755,
+            kind: FileKind::Other,
+            glibc: Some(Err("no symbol version definitions".to_owned())),
+        }),
+    );
+    let (loader, _) = run(&t, "/usr/bin/true");
+    assert!(matches!(loader, Loader::Unknown { ref why } if why.contains("no symbol")));
+    let mut t = Tree::default();
+    t.insert("/app", elf(Some(GLIBC_LD)));
+    let (loader, _) = run(&t, "/app");
+    assert!(matches!(loader, Loader::Unknown { ref why } if why.contains("no libc.so.6")));
+}
+
+#[test]
+fn odd_files_are_unknown() {
+    let mut t = Tree::default();
+    t.insert(
+        "/plain",
+        Node::File(FileSummary {
+            mode: 0o644,
+            kind: FileKind::NotRead,
+            glibc: None,
+        }),
+    );
+    t.insert("/dir", Node::Dir);
+    t.insert("/other-ld", elf(Some("/lib/ld.so")));
+    t.insert("/file", elf(None));
+    for argv0 in ["/plain", "/dir", "/other-ld", "/file/x"] {
+        assert!(
+            matches!(run(&t, argv0).0, Loader::Unknown { .. }),
+            "{argv0}"
+        );
+    }
+}
