@@ -53,8 +53,9 @@ async fn with_source<T: Send + 'static>(
     .expect("blocking task")
 }
 
-/// The manifest, its config and its first layer, checked along the way.
-fn check_image(source: &mut ContainerdSource, image: &BuiltImage) {
+/// The manifest, its config and its first layer (returned, still gzipped),
+/// checked along the way.
+fn check_image(source: &mut ContainerdSource, image: &BuiltImage) -> Vec<u8> {
     let target = source.target(&image.name).expect("target");
     assert_eq!(target.media_type, MANIFEST_MEDIA_TYPE, "{}", image.name);
     assert!(target.digest.starts_with("sha256:"), "{target:?}");
@@ -84,6 +85,41 @@ fn check_image(source: &mut ContainerdSource, image: &BuiltImage) {
     drop(reader);
     assert_eq!(bytes.len() as u64, layer.size, "{}", image.name);
     assert_eq!(oci_images::sha256_digest(&bytes), layer.digest);
+    bytes
+}
+
+/// (path, symlink target) of every entry of a gzipped layer.
+fn layer_entries(gz: &[u8]) -> Vec<(String, Option<String>)> {
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(gz));
+    let entries = archive.entries().expect("layer is a tar");
+    entries
+        .map(|entry| {
+            let entry = entry.expect("tar entry");
+            let path = entry.path().expect("path").to_string_lossy().into_owned();
+            let link = entry.link_name().expect("link name");
+            (path, link.map(|l| l.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
+/// The glibc image is laid out as Debian 12's merged /usr.
+fn check_glibc_layout(gz: &[u8]) {
+    let entries = layer_entries(gz);
+    let link = |path: &str, target: &str| (path.to_owned(), Some(target.to_owned()));
+    let file = |path: &str| (path.to_owned(), None);
+    for want in [
+        link("lib64", "usr/lib64"),
+        link("lib", "usr/lib"),
+        link(
+            "usr/lib64/ld-linux-x86-64.so.2",
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        ),
+        file("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        file("usr/lib/x86_64-linux-gnu/libc.so.6"),
+        file("usr/bin/true"),
+    ] {
+        assert!(entries.contains(&want), "{want:?} not in {entries:#?}");
+    }
 }
 
 /// An image never imported and a blob not in the store.
@@ -155,7 +191,10 @@ fn containerd_source_reads_imported_images() {
         with_source(socket.clone(), NAMESPACE, move |source| {
             let mut source = source.expect("connect");
             for image in &checked {
-                check_image(&mut source, image);
+                let layer = check_image(&mut source, image);
+                if image.name.contains("hami-test-glibc") {
+                    check_glibc_layout(&layer);
+                }
             }
             check_absent(&mut source);
         })
