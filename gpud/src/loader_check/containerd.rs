@@ -241,8 +241,12 @@ impl ImageSource for ContainerdSource {
         let mut reader =
             blob::BlobReader::new(stream, self.handle.clone(), self.call_timeout, desc);
         let mut out = Vec::new();
-        // `size <= max` and the reader stops at `size`, so this is bounded.
-        io::Read::read_to_end(&mut reader, &mut out).map_err(|err| SourceError::Rpc {
+        // `size <= max` and the reader refuses bytes past `size`: bounded.
+        let read = io::Read::read_to_end(&mut reader, &mut out);
+        if let Some(sent) = reader.overrun() {
+            too_large(desc, sent, max)?;
+        }
+        read.map_err(|err| SourceError::Rpc {
             call: "Content.Read",
             why: err.to_string(),
         })?;

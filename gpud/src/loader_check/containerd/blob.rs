@@ -20,11 +20,17 @@ use crate::loader_check::Descriptor;
 pub(super) struct Progress {
     size: u64,
     next: u64,
+    /// Where a chunk refused for running past `size` would have ended.
+    overrun: Option<u64>,
 }
 
 impl Progress {
     pub(super) fn new(size: u64) -> Self {
-        Self { size, next: 0 }
+        Self {
+            size,
+            next: 0,
+            overrun: None,
+        }
     }
 
     /// Accepts a chunk of `len` bytes at `offset`, or says why not.
@@ -38,15 +44,21 @@ impl Progress {
         let end = u64::try_from(len)
             .ok()
             .and_then(|len| self.next.checked_add(len))
-            .filter(|&end| end <= self.size)
-            .ok_or_else(|| {
-                format!(
-                    "{len} more bytes at offset {offset}, past the blob's {} bytes",
-                    self.size
-                )
-            })?;
+            .unwrap_or(u64::MAX);
+        if end > self.size {
+            self.overrun = Some(end);
+            return Err(format!(
+                "{len} more bytes at offset {offset}, past the blob's {} bytes",
+                self.size
+            ));
+        }
         self.next = end;
         Ok(())
+    }
+
+    /// Where the store tried to go past the blob's size, if it did.
+    pub(super) fn overrun(&self) -> Option<u64> {
+        self.overrun
     }
 
     /// Whether every byte arrived.
@@ -86,6 +98,11 @@ impl BlobReader {
             done: false,
             span: Span::current(),
         }
+    }
+
+    /// See [`Progress::overrun`].
+    pub(super) fn overrun(&self) -> Option<u64> {
+        self.progress.overrun()
     }
 
     fn error(&self, kind: io::ErrorKind, why: &str) -> io::Error {
