@@ -188,11 +188,19 @@ impl Containerd {
     }
 }
 
-impl Drop for Containerd {
-    fn drop(&mut self) {
+impl Containerd {
+    /// Kills containerd (SIGKILL, as a crash) and reaps it; its socket file
+    /// stays behind, refusing connections. Idempotent.
+    pub fn kill(&mut self) {
         // Errors mean it is already dead and reaped.
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

@@ -212,6 +212,43 @@ fn containerd_source_reads_imported_images() {
 }
 
 #[test]
+fn containerd_gone_after_connecting_is_no_runtime() {
+    assert!(containerd_on_path(), "install Debian's containerd");
+    let mut containerd = Containerd::start().expect("containerd starts");
+    let socket = containerd.socket.clone();
+    let (connected, source) = std::sync::mpsc::channel();
+    let (killed, gone) = std::sync::mpsc::channel::<()>();
+    common::run_async(TEST_LIMIT, async move {
+        let task = with_source(socket.clone(), NAMESPACE, move |source| {
+            let mut source = source.expect("connect");
+            let absent = source.target(ABSENT_IMAGE);
+            assert!(matches!(absent, Err(SourceError::NotPresent { .. })));
+            connected.send(()).expect("test waits");
+            gone.recv().expect("killed");
+            source.target(ABSENT_IMAGE)
+        });
+        let kill = async {
+            tokio::task::spawn_blocking(move || {
+                source.recv().expect("connected");
+                containerd.kill();
+                killed.send(()).expect("task waits");
+                // Kept until the call is over: its dir holds the dead socket.
+                containerd
+            })
+            .await
+            .expect("kill task")
+        };
+        let (result, dead) = tokio::join!(task, kill);
+        drop(dead);
+        let Err(SourceError::NoRuntime { socket: got, why }) = result else {
+            panic!("{result:?}");
+        };
+        assert_eq!(got, socket);
+        assert!(why.contains("Connection refused"), "{why}");
+    });
+}
+
+#[test]
 fn nothing_listening_is_no_runtime() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("containerd.sock");
