@@ -28,12 +28,14 @@ use std::{
 use proto::containerd::{
     NAMESPACE_HEADER,
     services::{
-        content::v1::{InfoRequest, ReadContentRequest, content_client::ContentClient},
+        content::v1::{
+            InfoRequest, ReadContentRequest, ReadContentResponse, content_client::ContentClient,
+        },
         images::v1::{GetImageRequest, images_client::ImagesClient},
     },
 };
 use tokio::runtime::Handle;
-use tonic::{Code, Request, Status, metadata::AsciiMetadataValue, transport::Channel};
+use tonic::{Code, Request, Status, Streaming, metadata::AsciiMetadataValue, transport::Channel};
 use tracing::{Instrument as _, debug_span};
 
 use super::{Descriptor, ImageSource, SourceError};
@@ -105,10 +107,19 @@ impl ContainerdSource {
         })
     }
 
-    /// `message` with the namespace header and the call timeout set.
+    /// `message` with the namespace header and the call timeout set as the
+    /// call's gRPC deadline.
     fn request<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
+        let mut request = self.stream_request(message);
         request.set_timeout(self.call_timeout);
+        request
+    }
+
+    /// `message` with the namespace header but no deadline: a streamed
+    /// read may take longer than one call, and is bounded per chunk instead
+    /// (a deadline would have containerd cut a large layer off mid-way).
+    fn stream_request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
         request
             .metadata_mut()
             .insert(NAMESPACE_HEADER, self.namespace.clone());
@@ -175,17 +186,11 @@ impl ContainerdSource {
     }
 
     /// Starts `Content.Read` of the whole of `desc`.
-    fn start_read(
-        &self,
-        desc: &Descriptor,
-    ) -> Result<
-        tonic::Streaming<proto::containerd::services::content::v1::ReadContentResponse>,
-        SourceError,
-    > {
+    fn start_read(&self, desc: &Descriptor) -> Result<Streaming<ReadContentResponse>, SourceError> {
         const CALL: &str = "Content.Read";
         let mut client = self.content.clone();
         // Size 0 reads to the end of the blob.
-        let request = self.request(ReadContentRequest {
+        let request = self.stream_request(ReadContentRequest {
             digest: desc.digest.clone(),
             offset: 0,
             size: 0,

@@ -110,7 +110,7 @@ fn chunks_are_joined_in_both_reads() {
     let script = Script {
         info_size: Some(11),
         chunks: chunks(&[(0, "hello "), (6, ""), (6, "world")]),
-        hang: false,
+        ..Script::default()
     };
     let served = Served::start(script.clone());
     let mut source = served.source(TIMEOUT);
@@ -125,7 +125,7 @@ fn a_gap_or_an_overlap_fails_the_stream_naming_the_digest() {
         let script = Script {
             info_size: Some(5),
             chunks: chunks(&parts),
-            hang: false,
+            ..Script::default()
         };
         let err = stream(script, 5, TIMEOUT).expect_err("out of order");
         assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
@@ -142,7 +142,7 @@ fn bytes_past_the_size_are_refused() {
     let script = Script {
         info_size: Some(3),
         chunks: chunks(&[(0, "abcdef")]),
-        hang: false,
+        ..Script::default()
     };
     let err = stream(script.clone(), 3, TIMEOUT).expect_err("past the size");
     assert_eq!(err.kind(), ErrorKind::InvalidData, "{err}");
@@ -164,7 +164,7 @@ fn a_short_stream_is_unexpected_eof() {
     let script = Script {
         info_size: Some(3),
         chunks: chunks(&[(0, "ab")]),
-        hang: false,
+        ..Script::default()
     };
     let err = stream(script, 3, TIMEOUT).expect_err("short");
     assert_eq!(err.kind(), ErrorKind::UnexpectedEof, "{err}");
@@ -177,6 +177,7 @@ fn a_silent_stream_times_out() {
         info_size: Some(4),
         chunks: chunks(&[(0, "ab")]),
         hang: true,
+        ..Script::default()
     };
     let err = stream(script, 4, Duration::from_millis(300)).expect_err("idle");
     assert_eq!(err.kind(), ErrorKind::TimedOut, "{err}");
@@ -221,4 +222,17 @@ fn sizes_are_checked_before_reading() {
         ),
         "{got:?}"
     );
+}
+
+#[test]
+fn a_slow_stream_may_outlast_one_call_timeout() {
+    // Three chunks 150 ms apart: 450 ms in all, each within 300 ms.
+    let script = Script {
+        info_size: Some(3),
+        chunks: chunks(&[(0, "a"), (1, "b"), (2, "c")]),
+        delay: Duration::from_millis(150),
+        ..Script::default()
+    };
+    let got = stream(script, 3, Duration::from_millis(300)).expect("slow but steady");
+    assert_eq!(got, b"abc");
 }

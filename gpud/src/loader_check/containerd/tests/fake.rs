@@ -26,6 +26,8 @@ pub(super) struct Script {
     pub chunks: Vec<(i64, Vec<u8>)>,
     /// Keep the stream open, silent, after the chunks.
     pub hang: bool,
+    /// How long the service waits before each chunk.
+    pub delay: Duration,
 }
 
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadContentResponse, Status>> + Send>>;
@@ -56,9 +58,17 @@ impl Content for Script {
         request: Request<ReadContentRequest>,
     ) -> Result<Response<ReadStream>, Status> {
         check_namespace(&request)?;
+        // containerd (grpc-go) cancels the whole stream at the deadline; tonic's
+        // server does not, so refuse one here.
+        if request.metadata().contains_key("grpc-timeout") {
+            return Err(Status::invalid_argument("a deadline on a streamed read"));
+        }
         let chunks = self.chunks.clone().into_iter();
-        let chunks =
-            stream::iter(chunks.map(|(offset, data)| Ok(ReadContentResponse { offset, data })));
+        let delay = self.delay;
+        let chunks = stream::iter(chunks).then(move |(offset, data)| async move {
+            tokio::time::sleep(delay).await;
+            Ok(ReadContentResponse { offset, data })
+        });
         let stream: ReadStream = if self.hang {
             Box::pin(chunks.chain(stream::pending()))
         } else {
