@@ -1,10 +1,13 @@
-//! Kubelet APIs spoken by `amd-device-plugin`.
+//! Kubelet APIs spoken by `amd-device-plugin`, and the part of containerd's
+//! API that `amd-gpud` reads images through.
 //!
 //! * [`v1beta1`]: the device-plugin API (kubelet's `Registration` service and
 //!   the plugin's `DevicePlugin` service), generated from
 //!   `proto/deviceplugin/v1beta1/api.proto`.
 //! * [`podresources::v1`]: kubelet's `PodResourcesLister`, generated from
 //!   `proto/podresources/v1/api.proto`.
+//! * [`containerd`]: containerd's `Images.Get` and `Content.{Info,Read}`,
+//!   generated from `proto/containerd/...` (client side in `amd-gpud`).
 //! * [`unix`]: tonic clients and servers over Unix domain sockets.
 //!
 //! Both server and client code are generated at build time by protox and
@@ -28,6 +31,45 @@ pub mod podresources {
     #[allow(clippy::too_many_lines)]
     pub mod v1 {
         tonic::include_proto!("v1");
+    }
+}
+
+/// The subset of containerd's gRPC API that `amd-gpud`'s loader check uses
+/// (packages `containerd.types`, `containerd.services.{images,content}.v1`).
+pub mod containerd {
+    /// Header every containerd call carries to pick its namespace (CRI's
+    /// images live in [`K8S_NAMESPACE`]).
+    pub const NAMESPACE_HEADER: &str = "containerd-namespace";
+
+    /// The namespace containerd's CRI plugin keeps Kubernetes images in.
+    pub const K8S_NAMESPACE: &str = "k8s.io";
+
+    /// `containerd.types`: [`types::Descriptor`].
+    pub mod types {
+        tonic::include_proto!("containerd.types");
+    }
+
+    /// containerd's services.
+    pub mod services {
+        /// `containerd.services.images.v1`: `images_client::ImagesClient`.
+        pub mod images {
+            /// Version 1 of the images service.
+            // Generated code: see the comment on `v1beta1`.
+            #[allow(clippy::too_many_lines)]
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.images.v1");
+            }
+        }
+
+        /// `containerd.services.content.v1`: `content_client::ContentClient`.
+        pub mod content {
+            /// Version 1 of the content service.
+            // Generated code: see the comment on `v1beta1`.
+            #[allow(clippy::too_many_lines)]
+            pub mod v1 {
+                tonic::include_proto!("containerd.services.content.v1");
+            }
+        }
     }
 }
 
