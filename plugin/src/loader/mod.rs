@@ -217,7 +217,8 @@ impl LoaderCheck {
     }
 
     /// The container of `pod` holding `ids`: as kubelet's pod-resources API
-    /// says, else the pod's one container asking for our resource.
+    /// says, else (no answer from it) the pod's one container asking for
+    /// our resource.
     async fn container_of<'p>(
         &self,
         pod: &'p Pod,
@@ -230,17 +231,23 @@ impl LoaderCheck {
                 .flatten()
                 .chain(&spec.containers)
         };
+        let mut kubelet_says = "--pod-resources-socket is off".to_owned();
         if let Some(path) = &self.pod_resources {
-            let list = list_pod_resources(path)
-                .await
-                .map_err(|why| format!("{}: {why}", path.display()))?;
-            let held = holder_in(&list, &self.resource_name, ids).filter(|(ns, name, _)| {
-                Some(ns.as_str()) == pod.namespace().as_deref() && *name == pod.name_any()
-            });
-            if let Some((_, _, name)) = held {
-                return all().find(|c| c.name == name).ok_or_else(|| {
-                    format!("kubelet names container {name:?}, which the pod does not have")
-                });
+            match list_pod_resources(path).await {
+                Ok(list) => {
+                    let held =
+                        holder_in(&list, &self.resource_name, ids).filter(|(ns, name, _)| {
+                            Some(ns.as_str()) == pod.namespace().as_deref()
+                                && *name == pod.name_any()
+                        });
+                    if let Some((_, _, name)) = held {
+                        return all().find(|c| c.name == name).ok_or_else(|| {
+                            format!("kubelet names container {name:?}, which the pod does not have")
+                        });
+                    }
+                    kubelet_says = "kubelet's pod-resources API names no container".to_owned();
+                }
+                Err(why) => kubelet_says = format!("{}: {why}", path.display()),
             }
         }
         let mut asking = all().filter(|c| {
@@ -249,8 +256,8 @@ impl LoaderCheck {
         match (asking.next(), asking.next()) {
             (Some(only), None) => Ok(only),
             _ => Err(format!(
-                "cannot tell which container holds devices {ids:?} (kubelet's pod-resources \
-                 API does not say, and the pod has not exactly one container asking for {})",
+                "cannot tell which container holds devices {ids:?} ({kubelet_says}, and the \
+                 pod has not exactly one container asking for {})",
                 self.resource_name
             )),
         }
