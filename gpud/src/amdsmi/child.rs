@@ -76,6 +76,7 @@ pub fn run(source: &LibrarySource) -> Result<AmdSmiReport, ProbeFailure> {
         processors,
         errors,
         profile_switch: None,
+        usage: None,
     })
 }
 

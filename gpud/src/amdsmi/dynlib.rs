@@ -106,6 +106,8 @@ struct Symbols {
     get_gpu_accelerator_partition_profile_config: Option<GetStruct>,
     get_gpu_process_list: Option<GetProcessList>,
     set_gpu_accelerator_partition_profile: Option<SetU32>,
+    get_gpu_activity: Option<GetStruct>,
+    get_gpu_vram_usage: Option<GetStruct>,
 }
 
 /// Resolves `name` as a `T`.
@@ -149,6 +151,8 @@ impl Symbols {
                 get_gpu_accelerator_partition_profile_config: symbol(lib, PROFILE_CONFIG),
                 get_gpu_process_list: symbol(lib, "amdsmi_get_gpu_process_list"),
                 set_gpu_accelerator_partition_profile: symbol(lib, SET_PROFILE),
+                get_gpu_activity: symbol(lib, usage::GPU_ACTIVITY),
+                get_gpu_vram_usage: symbol(lib, usage::GPU_VRAM_USAGE),
             })
         }
     }
@@ -537,6 +541,9 @@ impl Drop for Session<'_> {
         }
     }
 }
+
+#[path = "dynlib_usage.rs"]
+pub mod usage;
 
 #[cfg(test)]
 #[path = "dynlib_tests.rs"]

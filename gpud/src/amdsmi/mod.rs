@@ -8,8 +8,9 @@
 //!
 //! Module map: `dynlib` (the only `unsafe`: symbols and calls), `layout` (version detection,
 //! BDF, byte readers), `decode` (struct decoders by offset), `status` (status names),
-//! `locate` (finding the library file), `child` (the probe itself), `parent` (the helper
-//! process), `report` (the serialisable result).
+//! `locate` (finding the library file), `child` (the probe itself), `usage` (the light
+//! `--usage` probe behind `GetUsage`), `parent` (the helper process), `report` (the
+//! serialisable result).
 
 mod child;
 mod decode;
@@ -20,10 +21,11 @@ mod parent;
 pub mod report;
 mod set_profile;
 mod status;
+mod usage;
 
 use std::{ffi::OsString, io, path::PathBuf, time::Duration};
 
-use report::{AmdSmiReport, ProbeFailure, ProbeOutcome};
+use report::{AmdSmiReport, GpuUsage, ProbeFailure, ProbeOutcome};
 pub use set_profile::ProfileRequest;
 
 /// `AMDSMI_STATUS_BUSY`, the same in every release.
@@ -93,6 +95,11 @@ pub struct ProbeArgs {
     /// GPU at BDF (`amdsmi_set_gpu_accelerator_partition_profile`).
     #[arg(long, value_name = "BDF=INDEX")]
     pub set_profile: Option<ProfileRequest>,
+    /// Instead of probing, read only each GPU's activity and VRAM used (for
+    /// `GetUsage`). Set by amd-gpud for its own child; no environment twin,
+    /// so that the daemon's environment never turns it on.
+    #[arg(long, hide = true, conflicts_with = "set_profile")]
+    pub usage: bool,
 }
 
 impl ProbeArgs {
@@ -178,12 +185,34 @@ pub fn set_accelerator_profile(
     }
 }
 
+/// Each GPU's activity and VRAM used as AMD SMI reports them, from
+/// `amdsmi-probe --usage` in a helper process killed after `timeout` (or
+/// the configured timeout, whichever is shorter). Spawns nothing when AMD
+/// SMI is disabled.
+///
+/// # Errors
+/// [`AmdSmiError::Disabled`] when disabled, [`AmdSmiError::HelperOutput`]
+/// when the helper answered without the usage list, and every failure
+/// [`probe`] has.
+pub fn gpu_usage(cfg: &AmdSmiConfig, timeout: Duration) -> Result<Vec<GpuUsage>, AmdSmiError> {
+    let cfg = AmdSmiConfig {
+        timeout: timeout.min(cfg.timeout),
+        ..cfg.clone()
+    };
+    let report = parent::run_quiet(&cfg, &[OsString::from("--usage")])?;
+    report.usage.ok_or_else(|| AmdSmiError::HelperOutput {
+        library: report.library,
+        reason: "no usage in its answer".to_owned(),
+    })
+}
+
 /// Child side of `amdsmi-probe`: loads the library, probes it and writes exactly one JSON
 /// [`ProbeOutcome`] line to `out`. Returns the process exit code: 0 for a report, 1 for a
 /// typed failure, 2 when the document could not be written.
 pub fn run_probe_command(args: &ProbeArgs, out: &mut dyn io::Write) -> i32 {
     let result = match &args.set_profile {
         Some(request) => set_profile::run(&args.source(), request),
+        None if args.usage => usage::run(&args.source()),
         None => child::run(&args.source()),
     };
     let (outcome, code) = match result {

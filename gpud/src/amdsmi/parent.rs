@@ -50,11 +50,7 @@ pub fn run(cfg: &AmdSmiConfig, extra: &[OsString]) -> Result<AmdSmiReport, AmdSm
         info!("AMD SMI disabled");
         return Err(AmdSmiError::Disabled);
     }
-    let finished = run_helper(cfg, &library, extra)?;
-    for line in String::from_utf8_lossy(&finished.stderr).lines() {
-        debug!(target: "gpud::amdsmi::helper", "{line}");
-    }
-    let result = decode(finished, &library);
+    let result = run_and_decode(cfg, &library, extra, false);
     match &result {
         Ok(report) => info!(
             layout = %report.layout,
@@ -65,6 +61,29 @@ pub fn run(cfg: &AmdSmiConfig, extra: &[OsString]) -> Result<AmdSmiReport, AmdSm
         Err(err) => debug!(error = %err, "AMD SMI probe failed"),
     }
     result
+}
+
+/// As [`run`], for a probe run again and again (`--usage`): what the helper
+/// did goes to the debug log only, the caller says why it failed.
+pub fn run_quiet(cfg: &AmdSmiConfig, extra: &[OsString]) -> Result<AmdSmiReport, AmdSmiError> {
+    if cfg.library == LibrarySource::Disabled {
+        return Err(AmdSmiError::Disabled);
+    }
+    let library = describe(cfg);
+    run_and_decode(cfg, &library, extra, true)
+}
+
+fn run_and_decode(
+    cfg: &AmdSmiConfig,
+    library: &str,
+    extra: &[OsString],
+    quiet: bool,
+) -> Result<AmdSmiReport, AmdSmiError> {
+    let finished = run_helper(cfg, library, extra, quiet)?;
+    for line in String::from_utf8_lossy(&finished.stderr).lines() {
+        debug!(target: "gpud::amdsmi::helper", "{line}");
+    }
+    decode(finished, library, quiet)
 }
 
 /// A short operator-facing description of where the child will look for the library.
@@ -97,6 +116,7 @@ fn run_helper(
     cfg: &AmdSmiConfig,
     library: &str,
     extra: &[OsString],
+    quiet: bool,
 ) -> Result<Finished, AmdSmiError> {
     let Some((program, lead)) = cfg.helper.split_first() else {
         let source = io::Error::new(io::ErrorKind::InvalidInput, "no helper program configured");
@@ -124,15 +144,14 @@ fn run_helper(
         Ok(Some(status)) => status,
         Ok(None) => {
             let pid = child.id();
-            warn!(pid, after = ?cfg.timeout, "AMD SMI probe helper timed out; killing it");
+            if quiet {
+                debug!(pid, after = ?cfg.timeout, "AMD SMI probe helper timed out; killing it");
+            } else {
+                warn!(pid, after = ?cfg.timeout, "AMD SMI probe helper timed out; killing it");
+            }
             kill_and_reap(child);
-            warn_stderr(
-                &stderr
-                    .recv_timeout(PIPE_GRACE)
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or_default(),
-            );
+            let stderr = stderr.recv_timeout(PIPE_GRACE).ok().and_then(Result::ok);
+            warn_stderr(&stderr.unwrap_or_default(), quiet);
             return Err(AmdSmiError::HelperTimeout {
                 library: library.to_owned(),
                 after: cfg.timeout,
@@ -238,7 +257,7 @@ fn parse_outcome(stdout: &[u8]) -> Result<ProbeOutcome, String> {
     })
 }
 
-fn decode(finished: Finished, library: &str) -> Result<AmdSmiReport, AmdSmiError> {
+fn decode(finished: Finished, library: &str, quiet: bool) -> Result<AmdSmiReport, AmdSmiError> {
     let outcome = finished.stdout.and_then(|out| parse_outcome(&out));
     if let Some(signal) = finished.status.signal() {
         let signal_name = signal_name(signal);
@@ -251,7 +270,7 @@ fn decode(finished: Finished, library: &str) -> Result<AmdSmiReport, AmdSmiError
                 return into_result(outcome);
             }
             Err(_) => {
-                warn_stderr(&finished.stderr);
+                warn_stderr(&finished.stderr, quiet);
                 return Err(AmdSmiError::HelperKilled {
                     library: library.to_owned(),
                     signal,
@@ -281,10 +300,16 @@ fn into_result(outcome: ProbeOutcome) -> Result<AmdSmiReport, AmdSmiError> {
     }
 }
 
-/// Logs what a helper that hung or crashed last wrote on stderr (its own logs).
-fn warn_stderr(stderr: &[u8]) {
+/// Logs what a helper that hung or crashed last wrote on stderr (its own
+/// logs); at debug only when `quiet`.
+fn warn_stderr(stderr: &[u8], quiet: bool) {
     let tail = tail(stderr);
-    if !tail.is_empty() {
+    if tail.is_empty() {
+        return;
+    }
+    if quiet {
+        debug!(stderr = %tail, "last output of the AMD SMI probe helper");
+    } else {
         warn!(stderr = %tail, "last output of the AMD SMI probe helper");
     }
 }

@@ -36,6 +36,7 @@ fn report() -> AmdSmiReport {
         processors: vec![],
         errors: vec![],
         profile_switch: None,
+        usage: None,
     }
 }
 

@@ -22,6 +22,23 @@ pub struct AmdSmiReport {
     /// What `amdsmi-probe --set-profile` did; absent for a plain probe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_switch: Option<ProfileSwitch>,
+    /// What `amdsmi-probe --usage` read; absent for every other run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Vec<GpuUsage>>,
+}
+
+/// One GPU's use as AMD SMI reports it (`amdsmi-probe --usage`), read on
+/// the GPU's partition-0 processor (the one that speaks for the whole
+/// device). `None` where the library has no such getter, it failed, or its
+/// value is out of range.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuUsage {
+    /// PCI address `dddd:bb:dd.f`.
+    pub bdf: String,
+    /// `amdsmi_get_gpu_activity`'s `gfx_activity`, percent (0..=100).
+    pub gfx_activity_percent: Option<u32>,
+    /// `amdsmi_get_gpu_vram_usage`'s `vram_used` (MiB), in bytes.
+    pub vram_used_bytes: Option<u64>,
 }
 
 /// The outcome of `amdsmi_set_gpu_accelerator_partition_profile` in a

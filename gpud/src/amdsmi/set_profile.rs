@@ -101,6 +101,7 @@ pub fn run(
         processors: Vec::new(),
         errors: Vec::new(),
         profile_switch: Some(switch),
+        usage: None,
     })
 }
 

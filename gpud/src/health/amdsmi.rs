@@ -77,6 +77,7 @@ mod tests {
                 error(None, "DRIVER_NOT_LOADED"),
             ],
             profile_switch: None,
+            usage: None,
         };
         let states = fatal_states(&report);
         assert_eq!(states.len(), 1);
