@@ -41,7 +41,10 @@ pub struct GpuUse {
     pub temperature_millicelsius: i64,
     /// Average socket power, microwatts.
     pub power_microwatts: i64,
-    /// Where the values come from: `sysfs` or `amdsmi`.
+    /// Where VRAM used and activity come from: `amdsmi` (both from AMD
+    /// SMI), `amdsmi-vram` or `amdsmi-busy` (that one from AMD SMI, the
+    /// other from sysfs), or `sysfs` (both). Temperature and power are
+    /// always sysfs's.
     pub source: String,
 }
 

@@ -124,6 +124,7 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
             usage: Arc::new(usage::UsageState::new(
                 service.config().paths.clone(),
                 service.config().dmem.clone(),
+                service.config().amdsmi.clone(),
             )),
             health_pulse: u32::try_from(pulse.as_secs()).unwrap_or(u32::MAX),
         }

@@ -177,8 +177,10 @@ impl NodeObject {
     /// processes in no pod's cgroup are left out), each such pod's
     /// dmem.current per GPU, and each GPU's VRAM used, activity (percent),
     /// temperature (millidegrees C) and power (microwatts), -1 where
-    /// unknown. The host is read at most once per 2 s (later calls get the
-    /// same answer) and within 3 s. Errors: Failed (the read was late or an
+    /// unknown; VRAM used and activity from AMD SMI where it answers (a
+    /// probe child), else sysfs, as each entry's source says. The host is
+    /// read at most once per 2 s (later calls get the same answer) and
+    /// within 3 s. Errors: Failed (the read was late or an
     /// earlier one is still blocked), AccessDenied (not root or the plugin).
     #[zbus(out_args("containers", "dmem", "gpus"))]
     async fn get_usage(

@@ -1,6 +1,7 @@
 //! The D-Bus side of `GetUsage`, over [`crate::usage`]: targets from the
-//! inventory, the read on a thread of its own within [`READ_LIMIT`], one
-//! read at a time, answers cached for [`cache::TTL`].
+//! inventory, the read on a thread of its own within [`READ_LIMIT`] (with
+//! the AMD SMI usage probe beside it, when AMD SMI is configured), one read
+//! at a time, answers cached for [`cache::TTL`].
 
 use std::{
     sync::{
@@ -16,10 +17,12 @@ use ipc::{
 };
 
 use crate::{
-    HostPaths, deadline,
+    HostPaths,
+    amdsmi::AmdSmiConfig,
+    deadline,
     dmem::DmemConfig,
     service::{Presence, Service},
-    usage::{self, Reading, Targets, cache},
+    usage::{self, Reading, Targets, amdsmi::SmiUsage, cache},
 };
 
 /// How long one read of the host may take before the call fails. A read of
@@ -41,11 +44,14 @@ pub struct UsageState {
     busy: Arc<AtomicBool>,
     /// The targets of the last look at the inventory.
     last_targets: std::sync::Mutex<Targets>,
+    /// VRAM used and activity from AMD SMI, where it answers.
+    smi: SmiUsage,
 }
 
 impl UsageState {
-    pub fn new(paths: HostPaths, dmem: DmemConfig) -> Self {
+    pub fn new(paths: HostPaths, dmem: DmemConfig, amdsmi: AmdSmiConfig) -> Self {
         Self {
+            smi: SmiUsage::new(amdsmi),
             paths,
             dmem,
             cache: cache::Cache::default(),
@@ -93,7 +99,8 @@ pub fn targets(service: &Service) -> Targets {
 ///
 /// # Errors
 /// `Failed` when the read misses [`READ_LIMIT`], or an earlier one is still
-/// blocked in the kernel.
+/// blocked in the kernel. A late or failed AMD SMI probe is no error: sysfs
+/// figures are served then.
 pub async fn get(state: &UsageState, targets: Targets) -> Result<Answer, ApiError> {
     // One deadline for the whole call: the wait for an earlier read and this one.
     let deadline = tokio::time::Instant::now() + READ_LIMIT;
@@ -106,30 +113,15 @@ pub async fn get(state: &UsageState, targets: Targets) -> Result<Answer, ApiErro
         let err = deadline::Overdue::StillBlocked { what: WHAT };
         return Err(ApiError::Failed(err.to_string()));
     }
-    let (paths, dmem) = (state.paths.clone(), state.dmem.clone());
-    let release = Release(state.busy.clone());
     let started = Instant::now();
-    let rx = deadline::spawn(WHAT, move || {
-        let _release = release;
-        let layouts = usage::layouts(&paths, &dmem);
-        usage::read(&paths, &layouts, &targets)
-    })
-    .map_err(|e| ApiError::Failed(e.to_string()))?;
-    let reading = match tokio::time::timeout_at(deadline, rx).await {
-        Ok(Ok(reading)) => Arc::new(reading),
-        Ok(Err(_)) => {
-            let err = deadline::Overdue::Died { what: WHAT };
-            return Err(ApiError::Failed(err.to_string()));
-        }
-        Err(_) => {
-            let err = deadline::Overdue::Late {
-                what: WHAT,
-                limit: READ_LIMIT,
-            };
-            tracing::warn!("GetUsage: {err}");
-            return Err(ApiError::Failed(err.to_string()));
-        }
-    };
+    // The probe child runs beside the sysfs read; it is only waited for
+    // once that is done, and never past the call's deadline.
+    let probe = state.smi.start(started);
+    let mut reading = read_host(state, targets, deadline).await?;
+    if let Some(probe) = probe {
+        let figures = probe_figures(&state.smi, probe, deadline).await;
+        usage::amdsmi::merge(&mut reading.usage.gpus, &figures);
+    }
     if reading.skipped > 0 {
         tracing::warn!(
             skipped = reading.skipped,
@@ -142,9 +134,59 @@ pub async fn get(state: &UsageState, targets: Targets) -> Result<Answer, ApiErro
         outside = reading.outside,
         "usage read"
     );
+    let reading = Arc::new(reading);
     state.cache.store(Instant::now(), reading.clone());
     Ok(answer(&reading))
 }
+
+/// The read of the host's files, on a thread of its own, by `deadline`.
+async fn read_host(
+    state: &UsageState,
+    targets: Targets,
+    deadline: tokio::time::Instant,
+) -> Result<Reading, ApiError> {
+    let (paths, dmem) = (state.paths.clone(), state.dmem.clone());
+    let release = Release(state.busy.clone());
+    let rx = deadline::spawn(WHAT, move || {
+        let _release = release;
+        let layouts = usage::layouts(&paths, &dmem);
+        usage::read(&paths, &layouts, &targets)
+    })
+    .map_err(|e| ApiError::Failed(e.to_string()))?;
+    match tokio::time::timeout_at(deadline, rx).await {
+        Ok(Ok(reading)) => Ok(reading),
+        Ok(Err(_)) => {
+            let err = deadline::Overdue::Died { what: WHAT };
+            Err(ApiError::Failed(err.to_string()))
+        }
+        Err(_) => {
+            let err = deadline::Overdue::Late {
+                what: WHAT,
+                limit: READ_LIMIT,
+            };
+            tracing::warn!("GetUsage: {err}");
+            Err(ApiError::Failed(err.to_string()))
+        }
+    }
+}
+
+/// AMD SMI's figures, if its probe answers [`PROBE_MARGIN`] before `deadline`.
+async fn probe_figures(
+    smi: &SmiUsage,
+    probe: usage::amdsmi::Pending,
+    deadline: tokio::time::Instant,
+) -> usage::amdsmi::ByGpu {
+    let until = deadline.checked_sub(PROBE_MARGIN).unwrap_or(deadline);
+    let result = match tokio::time::timeout_at(until, probe).await {
+        Ok(Ok(result)) => result.map_err(|e| e.to_string()),
+        Ok(Err(_)) => Err("the probe's thread died".to_owned()),
+        Err(_) => Err("the probe helper did not end in time".to_owned()),
+    };
+    smi.finish(Instant::now(), result)
+}
+
+/// Time left after the AMD SMI probe for the answer to go out.
+const PROBE_MARGIN: Duration = Duration::from_millis(250);
 
 const WHAT: &str = "the usage read";
 
@@ -168,6 +210,16 @@ mod tests {
     use std::fs;
 
     use super::*;
+    use crate::amdsmi::LibrarySource;
+
+    fn no_amdsmi() -> AmdSmiConfig {
+        AmdSmiConfig {
+            library: LibrarySource::Disabled,
+            helper: Vec::new(),
+            timeout: Duration::from_secs(1),
+            child_env: Vec::new(),
+        }
+    }
 
     #[tokio::test]
     async fn a_read_blocked_in_the_kernel_fails_in_time_and_starts_no_second() {
@@ -184,7 +236,7 @@ mod tests {
                 rustix::fs::Mode::from_raw_mode(0o600),
             )
             .unwrap();
-            let state = UsageState::new(paths, DmemConfig::default());
+            let state = UsageState::new(paths, DmemConfig::default(), no_amdsmi());
             let start = Instant::now();
             let late = get(&state, Targets::default()).await.unwrap_err();
             assert!(

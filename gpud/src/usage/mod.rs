@@ -2,10 +2,12 @@
 //! per-process files (`<sys>/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`, amd-hardware
 //! §7) mapped to pods and containers through `<proc>/<pid>/cgroup` and
 //! kubelet's pod cgroups ([`cgroup`]), each pod's `dmem.current`, and each
-//! GPU's sysfs values ([`sysfs`]). Knows nothing of D-Bus; every count read
+//! GPU's sysfs values ([`sysfs`]), VRAM used and activity from AMD SMI where
+//! it answers ([`amdsmi`]). Knows nothing of D-Bus; every count read
 //! from the host is bounded ([`MAX_PROCESSES`], [`MAX_ENTRIES`],
 //! [`sysfs::MAX_FILE`]).
 
+pub(crate) mod amdsmi;
 pub(crate) mod cache;
 pub(crate) mod cgroup;
 pub(crate) mod sysfs;
