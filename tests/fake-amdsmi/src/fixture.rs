@@ -195,6 +195,12 @@ pub(crate) struct Processor {
     pub profile: Option<Profile>,
     pub profile_config: Option<ProfileConfig>,
     pub processes: Option<Vec<Process>>,
+    /// `amdsmi_get_gpu_activity`: percent; all three absent: `NOT_SUPPORTED`.
+    pub gfx_activity: Option<u32>,
+    pub umc_activity: Option<u32>,
+    pub mm_activity: Option<u32>,
+    /// `amdsmi_get_gpu_vram_usage`'s `vram_used`, MiB; absent: `NOT_SUPPORTED`.
+    pub vram_used_mib: Option<u32>,
 }
 
 fn default_bdf() -> Bdf {

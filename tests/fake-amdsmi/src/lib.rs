@@ -15,6 +15,7 @@ mod host;
 mod layout;
 mod state;
 mod status;
+mod usage;
 
 use std::{
     ffi::{c_char, c_uint, c_void},
