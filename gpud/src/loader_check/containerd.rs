@@ -61,8 +61,10 @@ impl ContainerdSource {
     /// `namespace` (e.g. `k8s.io`).
     ///
     /// Must be called off the runtime (inside `spawn_blocking`): it blocks on
-    /// `handle`, which must be a multi-thread runtime's (a current-thread
-    /// runtime's handle cannot drive its own I/O). `call_timeout` bounds the
+    /// `handle`. A current-thread runtime's handle drives no I/O itself, so
+    /// its `Runtime::block_on` must be running on another thread meanwhile,
+    /// as amd-gpud's main thread does while it serves (tokio's
+    /// `Handle::block_on`; tests/tests/loader_check.rs runs it so). `call_timeout` bounds the
     /// connection and every later call; a streamed read gets it as an idle
     /// timeout between chunks.
     ///
