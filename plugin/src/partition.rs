@@ -1,4 +1,4 @@
-//! Partition mode (hami-protocol §1.6): every compute partition of a GPU is
+//! Partition mode (docs/hami-protocol.md §1.6): every compute partition of a GPU is
 //! registered as a device of its own, allocated whole, replacing its parent
 //! GPU. The unchanged scheduler cannot repartition on demand; the only
 //! representation it understands is one DeviceInfo per partition.

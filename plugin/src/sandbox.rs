@@ -1,4 +1,4 @@
-//! The plugin's landlock sandbox (security-reliability targets): once its
+//! The plugin's landlock sandbox (`SECURITY.md`): once its
 //! configuration is known and before any thread starts, the plugin restricts
 //! itself to the files its configuration names (read-only where it only
 //! reads; read-write beneath kubelet's device-plugin directory, where it

@@ -1,5 +1,6 @@
 //! Descriptor self-check: the hand-written `.proto` files against the field
-//! tables of kubelet-api.md (§1.2, §3.2), which were compared with upstream;
+//! tables of `docs/kubelet-api.md` (§1.2, §3.2), which were compared with
+//! upstream;
 //! [`containerd`] does the same for the containerd subset.
 
 mod containerd;
@@ -289,7 +290,7 @@ fn generated_service_names_match_the_grpc_paths() {
 #[test]
 fn prost_encodes_as_the_doc_says() {
     use prost::Message;
-    // kubelet-api.md §1.4: an absent topology adds nothing, an empty one `1a 00`.
+    // docs/kubelet-api.md §1.4: an absent topology adds nothing, an empty one `1a 00`.
     let device = v1beta1::Device {
         id: "a".into(),
         health: HEALTHY.into(),

@@ -1,4 +1,4 @@
-//! HAMi's init-container miscount against the plugin (hami-protocol §4.2).
+//! HAMi's init-container miscount against the plugin (docs/hami-protocol.md §4.2).
 //! HAMi's usage count classifies a pod's device entries by position, while
 //! its annotation lists only the containers that asked for an AMD GPU: a pod
 //! whose init container is CPU-only has its first app container counted as

@@ -1,4 +1,4 @@
-//! The probe proper, run inside the `amdsmi-probe` child (hardware doc §1.3, §4).
+//! The probe proper, run inside the `amdsmi-probe` child (docs/amd-hardware.md §1.3, §4).
 //!
 //! Load, version, init and enumeration failures fail the whole probe; every other non-SUCCESS
 //! status becomes a [`CallError`] and leaves its field `None`.

@@ -1,4 +1,5 @@
-//! Decoders for the out-structs the probe reads (hardware doc §2.4, §2.5, §2.7, §3.2–§3.10).
+//! Decoders for the out-structs the probe reads (docs/amd-hardware.md §2.4, §2.5, §2.7,
+//! §3.2–§3.10).
 //!
 //! Every decoder is a pure function over the zeroed over-sized buffer the library wrote into,
 //! reading fields by the offsets of the detected [`Layout`]. Short buffers read as zeros.

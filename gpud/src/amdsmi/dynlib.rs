@@ -1,4 +1,4 @@
-//! The only code that calls into `libamd_smi.so` (hardware doc §4).
+//! The only code that calls into `libamd_smi.so` (docs/amd-hardware.md §4).
 //!
 //! Symbols are resolved once with `libloading`; the library is never unloaded (§12.7), so the
 //! copied function pointers stay valid for the life of the (child) process. Every out-struct is
@@ -124,8 +124,9 @@ impl Symbols {
     /// Resolves every symbol the probe uses. The caller must never unload `lib`.
     fn resolve(lib: &libloading::Library) -> Result<Self, OpenError> {
         let required = |name: &'static str| OpenError::MissingSymbol(name);
-        // SAFETY: every symbol is resolved with the fn-pointer type doc §4 gives for it (the
-        // type aliases above), and `Library::open` forgets `lib`, so it is never unloaded.
+        // SAFETY: every symbol is resolved with the fn-pointer type of its C signature in
+        // docs/amd-hardware.md §4 (the type aliases above), and `Library::open` forgets
+        // `lib`, so it is never unloaded.
         unsafe {
             Ok(Self {
                 get_lib_version: symbol(lib, "amdsmi_get_lib_version")

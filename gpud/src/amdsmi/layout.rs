@@ -1,4 +1,5 @@
-//! Version detection and the per-release layout choice (hardware doc §1.2, §1.3, §3.1, §4.5).
+//! Version detection and the per-release layout choice (docs/amd-hardware.md §1.2, §1.3,
+//! §3.1, §4.5).
 //!
 //! Everything here is a pure function over bytes the library wrote; the struct decoders that
 //! use the chosen [`Layout`] live in `decode.rs`.

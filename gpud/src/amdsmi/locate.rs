@@ -1,4 +1,4 @@
-//! Finding and opening `libamd_smi.so` (hardware doc §1.1, §12.8).
+//! Finding and opening `libamd_smi.so` (docs/amd-hardware.md §1.1, §12.8).
 
 use std::{
     ffi::OsStr,

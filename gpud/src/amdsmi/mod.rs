@@ -1,10 +1,10 @@
 //! AMD SMI (`libamd_smi.so`) loader.
 //!
-//! The library can hang or abort (hardware doc §12.6), so it is only ever loaded in a child
-//! process: [`probe`] (parent side) runs `helper... amdsmi-probe <args>`, enforces a timeout and
-//! decodes the one JSON document the child prints; [`run_probe_command`] (child side, the hidden
-//! `amdsmi-probe` subcommand) loads the library, detects its ABI, probes every GPU processor and
-//! prints that document.
+//! The library can hang or abort (docs/amd-hardware.md §12.6), so it is only ever loaded in a
+//! child process: [`probe`] (parent side) runs `helper... amdsmi-probe <args>`, enforces a
+//! timeout and decodes the one JSON document the child prints; [`run_probe_command`] (child
+//! side, the hidden `amdsmi-probe` subcommand) loads the library, detects its ABI, probes every
+//! GPU processor and prints that document.
 //!
 //! Module map: `dynlib` (the only `unsafe`: symbols and calls), `layout` (version detection,
 //! BDF, byte readers), `decode` (struct decoders by offset), `status` (status names),

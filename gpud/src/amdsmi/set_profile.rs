@@ -1,7 +1,7 @@
 //! `amdsmi-probe --set-profile <bdf>=<index>`, run inside the child: selects
 //! an accelerator partition profile of one GPU with
 //! `amdsmi_set_gpu_accelerator_partition_profile(handle, profile_index)`
-//! (hardware doc §4.8), on the GPU's partition-0 processor, and reports the
+//! (docs/amd-hardware.md §4.8), on the GPU's partition-0 processor, and reports the
 //! status. The library writes the kernel's partition file itself; waiting
 //! for the new partitions is the daemon's.
 

@@ -1,4 +1,4 @@
-//! `amdsmi_status_t` values and their symbolic names (hardware doc §5).
+//! `amdsmi_status_t` values and their symbolic names (docs/amd-hardware.md §5).
 
 use super::layout::Family;
 

@@ -8,14 +8,14 @@
 //! climbs out fails the open. Each opened directory and file must then be on
 //! the same file system (`st_dev`) as the handle it was opened from, else the
 //! open fails with `EXDEV`: a foreign file system mounted into the tree is
-//! refused. This replaces the spec's `RESOLVE_NO_XDEV`, which refuses *every*
-//! mount crossing, including the bind mounts of the cgroup tree onto itself
-//! that systemd makes for `ReadWritePaths=` under `ProtectControlGroups=yes`
-//! (systemd/amd-gpud.service): with it, `kubepods.slice` could never be
-//! opened under the shipped unit. Control files are opened without `O_CREAT`
-//! and `O_TRUNC`, so a wrong path can never make a file appear; writes are
-//! one `write(2)` each. Only the files in [`WRITABLE`] can be opened for
-//! writing at all.
+//! refused. This replaces the `RESOLVE_NO_XDEV` of docs/dmem.md §4.2 R2,
+//! which refuses *every* mount crossing, including the bind mounts of the
+//! cgroup tree onto itself that systemd makes for `ReadWritePaths=` under
+//! `ProtectControlGroups=yes` (systemd/amd-gpud.service): with it,
+//! `kubepods.slice` could never be opened under the shipped unit. Control
+//! files are opened without `O_CREAT` and `O_TRUNC`, so a wrong path can
+//! never make a file appear; writes are one `write(2)` each. Only the files
+//! in [`WRITABLE`] can be opened for writing at all.
 
 use std::{
     fs::File,
@@ -26,13 +26,13 @@ use std::{
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-/// The only files ever opened for writing (§5.3).
+/// The only files ever opened for writing (docs/dmem.md §5.3).
 pub const WRITABLE: [&str; 2] = [DMEM_MAX, SUBTREE_CONTROL];
 /// The per-cgroup VRAM limit.
 pub const DMEM_MAX: &str = "dmem.max";
 /// Where `+dmem` enables the controller for a cgroup's children.
 pub const SUBTREE_CONTROL: &str = "cgroup.subtree_control";
-/// Longest control file read (§5.7); `dmem.*` files hold one short line per
+/// Longest control file read (docs/dmem.md §5.7); `dmem.*` files hold one short line per
 /// region, `cgroup.subtree_control` a dozen words.
 pub const MAX_READ: u64 = 64 * 1024;
 

@@ -4,13 +4,14 @@
 //! (torvalds/linux:drivers/gpu/drm/drm_drv.c `drmm_cgroup_register_region`,
 //! drivers/gpu/drm/amd/amdgpu/amdgpu_ttm.c). Region names are derived here from a
 //! validated PCI address, never taken from a caller. Files are parsed per
-//! §4.2 R6: split each line at its last space, the value is `max` or a `u64`.
+//! docs/dmem.md §4.2 R6: split each line at its last space, the value is `max`
+//! or a `u64`.
 
 use std::{collections::BTreeMap, fmt};
 
 use crate::pci::PciAddress;
 
-/// Longest region name accepted (§4.2 R7).
+/// Longest region name accepted (docs/dmem.md §4.2 R7).
 pub const MAX_REGION_LEN: usize = 64;
 /// Canonical length of `dddd:bb:dd.f`.
 const BDF_LEN: usize = 12;

@@ -1,4 +1,4 @@
-//! Who uses a GPU through KFD (amd-hardware §7): `<sys>/class/kfd/kfd/proc/<pid>/`
+//! Who uses a GPU through KFD (docs/amd-hardware.md §7): `<sys>/class/kfd/kfd/proc/<pid>/`
 //! exists for every process that opened `/dev/kfd`; per-GPU files are keyed by
 //! KFD `gpu_id`. A process uses a GPU when it holds VRAM on it (`vram_<gpu_id>`
 //! above 0) or has a queue on it (`queues/<qid>/gpuid`). The bare existence of

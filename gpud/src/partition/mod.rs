@@ -1,4 +1,5 @@
-//! Compute partitions (amd-hardware §6, §7, §10.1, §10.3): each GPU's menu
+//! Compute partitions (docs/amd-hardware.md §6, §7, §10.1,
+//! §10.3): each GPU's menu
 //! of profiles for the scheduler, and switching an idle GPU's compute
 //! partition.
 //!

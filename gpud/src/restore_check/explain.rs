@@ -1,7 +1,7 @@
 //! The same question without CRIU's search: does any mapping exist that
 //! CRIU's rules allow? And if not, what stands in the way.
 //!
-//! The rules are CRIU's (§1–2 of the restore spec): equal GPU counts, no more
+//! The rules are CRIU's (docs/criu-restore.md §1–2): equal GPU counts, no more
 //! checkpoint hives than local ones, every checkpoint hive inside one local
 //! hive of its own, the per-pair checks, and with the NUMA check one CPU map,
 //! one-to-one, that every pair respects. The search is exhaustive over the

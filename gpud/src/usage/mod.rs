@@ -1,9 +1,10 @@
 //! What pods and GPUs use, read where the truth is (root only): KFD's
-//! per-process files (`<sys>/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`, amd-hardware
-//! §7) mapped to pods and containers through `<proc>/<pid>/cgroup` and
-//! kubelet's pod cgroups ([`cgroup`]), each pod's `dmem.current`, and each
-//! GPU's sysfs values ([`sysfs`]), VRAM used and activity from AMD SMI where
-//! it answers ([`amdsmi`]). Knows nothing of D-Bus; every count read
+//! per-process files (`<sys>/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`,
+//! docs/amd-hardware.md §7) mapped to pods and containers through
+//! `<proc>/<pid>/cgroup` and kubelet's pod cgroups ([`cgroup`]), each pod's
+//! `dmem.current`, and each GPU's sysfs values ([`sysfs`]), VRAM used and
+//! activity from AMD SMI where it answers ([`amdsmi`]). Knows nothing of
+//! D-Bus; every count read
 //! from the host is bounded ([`MAX_PROCESSES`], [`MAX_ENTRIES`],
 //! [`sysfs::MAX_FILE`]).
 

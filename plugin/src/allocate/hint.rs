@@ -1,4 +1,4 @@
-//! GetPreferredAllocation that follows HAMi (hami-protocol §4.4): slots of
+//! GetPreferredAllocation that follows HAMi (docs/hami-protocol.md §4.4): slots of
 //! the GPUs annotated for the container being admitted, so kubelet's records
 //! name the GPUs HAMi chose. Without such an annotation the topology policy
 //! answers instead.

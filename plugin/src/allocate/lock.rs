@@ -1,4 +1,4 @@
-//! Releasing HAMi's node lock (hami-protocol §3.7) after a pod's last
+//! Releasing HAMi's node lock (docs/hami-protocol.md §3.7) after a pod's last
 //! container is allocated (in the background: kubelet does not wait for it)
 //! or when an Allocate failed.
 

@@ -1,4 +1,4 @@
-//! HAMi's Allocate (hami-protocol §3.4–3.6, §5): find the pod being bound,
+//! HAMi's Allocate (docs/hami-protocol.md §3.4–3.6, §5): find the pod being bound,
 //! take its next device entry, choose CU slices, answer kubelet with devices
 //! and environment, and write back in one merge patch of the pod; release the
 //! node lock when the pod is complete. Reads come from the watch caches.

@@ -1,5 +1,5 @@
 //! CU occupancy of the node, rebuilt from the cached pods'
-//! `hami.io/amd-cu-allocated` (hami-protocol §5.1). Users can edit their own
+//! `hami.io/amd-cu-allocated` (docs/hami-protocol.md §5.1). Users can edit their own
 //! pods, so a claim is trusted only within what HAMi granted the pod in
 //! `hami.io/amd-devices-allocated` (the scheduler's, never modified): a claim
 //! that does not parse, names a GPU the pod was not granted or this node does

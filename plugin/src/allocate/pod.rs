@@ -1,4 +1,5 @@
-//! Finding the pod HAMi is binding (hami-protocol §3.4) in the watch cache:
+//! Finding the pod HAMi is binding (docs/hami-protocol.md §3.4) in the
+//! watch cache:
 //! the owner of the node lock, else the one pod the fallback rule names
 //! among those bound here whose spec asks for the devices (see [`find`]).
 
@@ -148,7 +149,7 @@ pub fn find(
     }
 }
 
-/// The fallback rule (hami-protocol §3.4), narrowed to what a pod's author
+/// The fallback rule (docs/hami-protocol.md §3.4), narrowed to what a pod's author
 /// cannot forge: kubelet's binding of the pod to this node and a container
 /// of its spec asking for `count` devices of `resource`.
 fn fallback_candidate(pod: &Pod, wanted: Wanted<'_>) -> bool {

@@ -1,4 +1,4 @@
-//! One container's answer to kubelet (hami-protocol §5.2): `/dev/kfd` and
+//! One container's answer to kubelet (docs/hami-protocol.md §5.2): `/dev/kfd` and
 //! each GPU's card and render nodes, `ROCR_VISIBLE_DEVICES`, `HSA_CU_MASK`
 //! for CU slices, per-GPU memory limits, and the memory hook (`LD_AUDIT` and
 //! its read-only mount) only when something is sliced: a whole-GPU request
@@ -74,7 +74,7 @@ pub fn slice(
         .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
     let whole_cus = device.usedcores >= gpu.compute_units;
     // A whole GPU is claimed whole too: HAMi's usage count can miss a pod
-    // (hami-protocol §4.2), so neither side may take the other's CUs.
+    // (docs/hami-protocol.md §4.2), so neither side may take the other's CUs.
     let claimed = if whole_cus && gpu.compute_units == 0 {
         Vec::new()
     } else if whole_cus {

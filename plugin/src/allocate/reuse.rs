@@ -1,5 +1,5 @@
 //! A pod's init-container CUs, reused by its app containers on the same GPU
-//! (hami-protocol §4.2). HAMi counts a pod's CUs per GPU as `max(init peak,
+//! (docs/hami-protocol.md §4.2). HAMi counts a pod's CUs per GPU as `max(init peak,
 //! sum of app containers)` and shrinks to the app containers once the init
 //! containers have succeeded; reserving `init + app` for ever (what the Go
 //! plugin did) makes later pods fail Allocate on a node the scheduler

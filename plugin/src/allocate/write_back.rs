@@ -1,4 +1,4 @@
-//! What Allocate writes on the pod after one container (hami-protocol
+//! What Allocate writes on the pod after one container (docs/hami-protocol.md
 //! §3.5, §5.1): the entry consumed, the pod's CU record, and the bind phase
 //! once nothing is left to allocate.
 

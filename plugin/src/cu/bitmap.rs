@@ -1,6 +1,6 @@
 //! Per-GPU occupancy of logical CU indices, and the choice of a CU slice.
 //!
-//! Indices are *logical active* CUs, `0..total` (amd-hardware.md §9.3 "Bit
+//! Indices are *logical active* CUs, `0..total` (docs/amd-hardware.md §9.3 "Bit
 //! meaning"). On gfx10+ CUs come in WGP pairs `(2k, 2k+1)` and a mask that
 //! enables half a pair is silently ignored by ROCr (§9.3 "gfx10+ (WGP)"), so
 //! [`CuBitmap::choose`] hands out whole pairs only.
@@ -10,8 +10,8 @@ use std::ops::Range;
 use super::CuError;
 
 /// CUs granted for a `gpucores` percentage, as HAMi's scheduler computes it
-/// (hami-protocol.md §4.2 "Cores"): `total × percent / 100` rounded **down**
-/// (integer division), then clamped to `[1, total]`. A GPU with `total == 0`
+/// (docs/hami-protocol.md §4.2 "Cores"): `total × percent / 100` rounded
+/// **down** (integer division), then clamped to `[1, total]`. A GPU with `total == 0`
 /// gets 0 (the scheduler refuses it with `CardInsufficientCore`). Percentages
 /// above 100 are clamped to `total` by the same rule.
 #[must_use]

@@ -1,6 +1,6 @@
 //! The container environment for one container's GPUs.
 //!
-//! * `ROCR_VISIBLE_DEVICES` (amd-hardware.md §9.1, §9.2): the ROCr UUIDs
+//! * `ROCR_VISIBLE_DEVICES` (docs/amd-hardware.md §9.1, §9.2): the ROCr UUIDs
 //!   (`GPU-` + 16 hex digits) in annotation order when every GPU has one and they
 //!   are distinct. Otherwise (an APU with `unique_id` 0, i.e. `GPU-XX`; partitions
 //!   of one GPU sharing a UUID) **all** tokens are container-local indices: index
@@ -11,11 +11,11 @@
 //! * `HSA_CU_MASK` (§9.3): ID-list form `i:a-b,c;j:…`, `i` the position in
 //!   `ROCR_VISIBLE_DEVICES`, only for sliced GPUs; absent when none is sliced.
 //!   Every emitted mask is parsed back by [`parse_cu_mask`] and compared.
-//! * `HIP_DEVICE_MEMORY_LIMIT_<i>` (hami-protocol.md §5.3): `<MiB>m` (binary
+//! * `HIP_DEVICE_MEMORY_LIMIT_<i>` (docs/hami-protocol.md §5.3): `<MiB>m` (binary
 //!   multiples, `16384m` = 16 GiB) for every GPU with a limit. The unsuffixed
 //!   `HIP_DEVICE_MEMORY_LIMIT` is the hook's fallback for *any* index, so it is
 //!   set only when every GPU has the same limit (never the first GPU's value
-//!   for all, the Go plugin's bug W8 in prior-art.md).
+//!   for all, the Go plugin's bug W8, docs/hami-protocol.md §7).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -1,9 +1,11 @@
 //! The CU ID-list grammar and a strict `HSA_CU_MASK` parser.
 //!
-//! * ID list (hami-protocol.md §5.1): comma-separated, ascending; a run of two or
-//!   more consecutive IDs is written `a-b`, a single ID as `a` (`0-3,8,10-12`).
-//! * `HSA_CU_MASK` (amd-hardware.md §9.3): `Set(;Set)*`, `Set = GPU_list ':' CU_list`,
-//!   GPU ids container-local (positions in `ROCR_VISIBLE_DEVICES`).
+//! * ID list (docs/hami-protocol.md §5.1): comma-separated, ascending; a run
+//!   of two or more consecutive IDs is written `a-b`, a single ID as `a`
+//!   (`0-3,8,10-12`).
+//! * `HSA_CU_MASK` (docs/amd-hardware.md §9.3): `Set(;Set)*`,
+//!   `Set = GPU_list ':' CU_list`, GPU ids container-local (positions in
+//!   `ROCR_VISIBLE_DEVICES`).
 //!
 //! ROCr stops *silently* at the first bad set and leaves later GPUs unrestricted
 //! (§9.3 "Errors"), so we validate every mask we emit, and more strictly than

@@ -1,13 +1,15 @@
 //! Compute-unit (CU) slicing for HAMi's `Allocate`: pure, no I/O, no transport.
 //!
 //! * [`bitmap`]: per-GPU occupancy of logical CU indices and the choice of a
-//!   slice (first fit, whole WGP pairs on gfx10+; amd-hardware.md §9.3,
-//!   hami-protocol.md §5.1), plus the percentage-to-CUs rule (hami-protocol.md §4.2).
-//! * [`mask`]: the CU ID-list grammar (`0-3,8,10-12`, hami-protocol.md §5.1) and a
-//!   strict parser for `HSA_CU_MASK` in its ID-list form (amd-hardware.md §9.3).
+//!   slice (first fit, whole WGP pairs on gfx10+; docs/amd-hardware.md §9.3,
+//!   docs/hami-protocol.md §5.1), plus the percentage-to-CUs rule
+//!   (docs/hami-protocol.md §4.2).
+//! * [`mask`]: the CU ID-list grammar (`0-3,8,10-12`, docs/hami-protocol.md
+//!   §5.1) and a strict parser for `HSA_CU_MASK` in its ID-list form
+//!   (docs/amd-hardware.md §9.3).
 //! * [`env`]: the container environment for one container's GPUs
 //!   (`ROCR_VISIBLE_DEVICES`, `HSA_CU_MASK`, `HIP_DEVICE_MEMORY_LIMIT[_<i>]`;
-//!   amd-hardware.md §9.1–9.3, hami-protocol.md §5.2–5.3).
+//!   docs/amd-hardware.md §9.1–9.3, docs/hami-protocol.md §5.2–5.3).
 //!
 //! Nothing here talks to kubelet, the API server or amd-gpud; callers feed it
 //! what they know and get values or a [`CuError`] back.

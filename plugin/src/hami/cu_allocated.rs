@@ -1,4 +1,4 @@
-//! The pod annotation `hami.io/amd-cu-allocated` (spec §5.1).
+//! The pod annotation `hami.io/amd-cu-allocated` (docs/hami-protocol.md §5.1).
 //!
 //! A JSON object mapping each registered GPU `id` to the CUs the pod holds on
 //! it, as an ID list: comma-separated, ascending, with runs of two or more

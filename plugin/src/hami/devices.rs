@@ -1,5 +1,5 @@
 //! The pod annotations `hami.io/amd-devices-to-allocate` and
-//! `hami.io/amd-devices-allocated` (spec §3.1, §3.2, §3.6).
+//! `hami.io/amd-devices-allocated` (docs/hami-protocol.md §3.1, §3.2, §3.6).
 //!
 //! ```text
 //! value     := container*

@@ -1,6 +1,6 @@
 //! HAMi's wire formats for AMD GPUs, as pure functions with no transport.
 //!
-//! Specification: `docs/hami-protocol.md` (shared copy). This module covers:
+//! Specification: `docs/hami-protocol.md`. This module covers:
 //!
 //! * the node annotation `hami.io/node-amd-register` (§1), in [`register`];
 //! * the pod annotations `hami.io/amd-devices-to-allocate` and

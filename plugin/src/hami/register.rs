@@ -1,4 +1,4 @@
-//! The node annotation `hami.io/node-amd-register` (spec §1).
+//! The node annotation `hami.io/node-amd-register` (docs/hami-protocol.md §1).
 //!
 //! The value is a compact JSON array of [`DeviceInfo`] objects (§1.1), decoded
 //! by HAMi with a plain `encoding/json` unmarshal. Every Go field carries

@@ -1,4 +1,4 @@
-//! Hard VRAM caps at PreStartContainer (dmem-cgroups §3.5): the pod cgroup
+//! Hard VRAM caps at PreStartContainer (docs/dmem.md §3.5): the pod cgroup
 //! exists then (it does not at Allocate), so this is where the plugin asks
 //! amd-gpud to write the pod's `dmem.max`, one region per GPU, holding the
 //! pod's total VRAM on that GPU as HAMi accounts it (the sum over its

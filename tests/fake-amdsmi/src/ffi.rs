@@ -119,7 +119,7 @@ pub(crate) unsafe fn put_slice<T: Copy>(dst: *mut T, values: &[T]) -> Result<(),
     Ok(())
 }
 
-/// Count-then-fill (doc §4.1): `*count` is the capacity in and the number
+/// Count-then-fill (docs/amd-hardware.md §4.1): `*count` is the capacity in and the number
 /// written out. A NULL `list` or a capacity of 0 asks for the number of
 /// items; a capacity below it fills what fits and answers `OUT_OF_RESOURCES`.
 ///
@@ -154,7 +154,7 @@ pub(crate) unsafe fn fill_counted<T: Copy>(
 }
 
 /// Writes a NUL-terminated string into a `char[len]` buffer; answers
-/// `INSUFFICIENT_SIZE` when it does not fit (doc §4.7).
+/// `INSUFFICIENT_SIZE` when it does not fit (docs/amd-hardware.md §4.7).
 ///
 /// # Safety
 /// `buf` is null or valid for writes of `len` bytes.

@@ -98,7 +98,7 @@ impl Bdf {
         })
     }
 
-    /// `amdsmi_bdf_t` as a u64 (doc §3.1).
+    /// `amdsmi_bdf_t` as a u64 (docs/amd-hardware.md §3.1).
     pub(crate) fn as_u64(self) -> u64 {
         (u64::from(self.domain) << 16)
             | (u64::from(self.bus) << 8)
@@ -106,7 +106,7 @@ impl Bdf {
             | u64::from(self.function)
     }
 
-    /// The `amdsmi_get_gpu_bdf_id` value (doc §4.5): partition id in bits 31:28.
+    /// The `amdsmi_get_gpu_bdf_id` value (docs/amd-hardware.md §4.5): partition id in bits 31:28.
     pub(crate) fn id_with_partition(self, partition_id: u32) -> u64 {
         (u64::from(self.domain) << 32)
             | (u64::from(partition_id & 0xF) << 28)
@@ -212,7 +212,7 @@ fn default_bdf() -> Bdf {
     }
 }
 
-/// An accelerator partition profile (doc §3.6).
+/// An accelerator partition profile (docs/amd-hardware.md §3.6).
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Profile {
     pub profile_type: String,
@@ -246,11 +246,11 @@ pub(crate) struct Process {
     pub container_name: String,
 }
 
-/// Accelerator partition type names (doc §2.4) and their values.
+/// Accelerator partition type names (docs/amd-hardware.md §2.4) and their values.
 const ACCEL_TYPES: [(&str, u32); 5] = [("SPX", 1), ("DPX", 2), ("TPX", 3), ("QPX", 4), ("CPX", 5)];
-/// `amdsmi_nps_caps_t` bits (doc §2.7).
+/// `amdsmi_nps_caps_t` bits (docs/amd-hardware.md §2.7).
 const NPS_BITS: [(&str, u32); 4] = [("NPS1", 1), ("NPS2", 2), ("NPS4", 4), ("NPS8", 8)];
-/// Compute partition enum (doc §2.3) on 6.2 and on 6.3+.
+/// Compute partition enum (docs/amd-hardware.md §2.3) on 6.2 and on 6.3+.
 const COMPUTE_6_2: [(&str, u32); 5] = [("CPX", 1), ("SPX", 2), ("DPX", 3), ("TPX", 4), ("QPX", 5)];
 const COMPUTE_6_3: [(&str, u32); 5] = [("SPX", 1), ("DPX", 2), ("TPX", 3), ("QPX", 4), ("CPX", 5)];
 

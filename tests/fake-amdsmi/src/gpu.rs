@@ -45,7 +45,7 @@ fn socket_busy(processors: &[Processor]) -> bool {
         .any(|p| p.processes.as_ref().is_some_and(|l| !l.is_empty()))
 }
 
-/// `amdsmi_asic_info_t` in the layout of the fixture's ABI (doc §3.2).
+/// `amdsmi_asic_info_t` in the layout of the fixture's ABI (docs/amd-hardware.md §3.2).
 ///
 /// # Safety
 /// `info` is null or valid for the size of `amdsmi_asic_info_t` at that ABI.
@@ -96,7 +96,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_memory_total(
     })
 }
 
-/// `amdsmi_kfd_info_t` (6.3+, doc §3.4).
+/// `amdsmi_kfd_info_t` (6.3+, docs/amd-hardware.md §3.4).
 ///
 /// # Safety
 /// `info` is null or valid for 64 bytes.
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_kfd_info(handle: *mut c_void, info: *mut
     })
 }
 
-/// `amdsmi_enumeration_info_t` (6.4+; 272 bytes, 276 on 7.13, doc §3.5).
+/// `amdsmi_enumeration_info_t` (6.4+; 272 bytes, 276 on 7.13, docs/amd-hardware.md §3.5).
 ///
 /// # Safety
 /// `info` is null or valid for the struct size at the fixture's ABI.
@@ -198,7 +198,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_memory_partition(
     })
 }
 
-/// The current accelerator partition profile (6.3+, doc §3.6, §4.8). Always
+/// The current accelerator partition profile (6.3+, docs/amd-hardware.md §3.6, §4.8). Always
 /// writes `partition_id[0]`; only partition 0 answers the profile.
 ///
 /// # Safety
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_accelerator_partition_profile(
     )
 }
 
-/// Every available profile (6.4+, doc §3.8); needs root.
+/// Every available profile (6.4+, docs/amd-hardware.md §3.8); needs root.
 ///
 /// # Safety
 /// `config` is null or valid for 39168 bytes.

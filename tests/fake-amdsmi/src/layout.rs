@@ -1,4 +1,4 @@
-//! Out-struct images at the byte offsets of doc §3, per ABI.
+//! Out-struct images at the byte offsets of docs/amd-hardware.md §3, per ABI.
 //!
 //! Every writer builds a zeroed byte image of exactly the documented size of
 //! the struct at that ABI; the FFI layer copies the image into the caller's
@@ -42,7 +42,7 @@ impl Image {
     }
 }
 
-/// `amdsmi_version_t` (doc §1.2): 24 bytes, `build` pointer at 16.
+/// `amdsmi_version_t` (docs/amd-hardware.md §1.2): 24 bytes, `build` pointer at 16.
 pub(crate) const VERSION_SIZE: usize = 24;
 
 /// The numbers `amdsmi_get_lib_version` reports.
@@ -70,7 +70,7 @@ pub(crate) fn version(abi: Abi, v: Version, build_addr: usize) -> Image {
     img
 }
 
-/// `amdsmi_asic_info_t` offsets (doc §3.2).
+/// `amdsmi_asic_info_t` offsets (docs/amd-hardware.md §3.2).
 struct AsicLayout {
     size: usize,
     vendor_name_len: usize,
@@ -157,7 +157,7 @@ pub(crate) fn asic_info(abi: Abi, p: &Processor) -> Image {
     img
 }
 
-/// `amdsmi_kfd_info_t` (doc §3.4).
+/// `amdsmi_kfd_info_t` (docs/amd-hardware.md §3.4).
 pub(crate) const KFD_INFO_SIZE: usize = 64;
 
 pub(crate) fn kfd_info(p: &Processor) -> Image {
@@ -168,7 +168,7 @@ pub(crate) fn kfd_info(p: &Processor) -> Image {
     img
 }
 
-/// `amdsmi_enumeration_info_t` (doc §3.5).
+/// `amdsmi_enumeration_info_t` (docs/amd-hardware.md §3.5).
 const ENUM_HIP_UUID: usize = 16;
 const ENUM_HIP_UUID_LEN: usize = 256;
 const ENUM_OAM_ID: usize = 272;
@@ -191,7 +191,7 @@ pub(crate) fn enumeration_info(abi: Abi, p: &Processor) -> Image {
     img
 }
 
-/// `amdsmi_accelerator_partition_profile_t` (doc §3.6).
+/// `amdsmi_accelerator_partition_profile_t` (docs/amd-hardware.md §3.6).
 pub(crate) const PROFILE_SIZE: usize = 1152;
 const PROFILE_RESOURCES: usize = 20;
 /// `AMDSMI_MAX_ACCELERATOR_PARTITIONS` and `AMDSMI_MAX_CP_PROFILE_RESOURCES`.
@@ -201,7 +201,7 @@ const MAX_RESOURCES: usize = 32;
 const RESOURCE_XCC: u32 = 0;
 
 /// The resource profiles of a profile config: one XCC entry per profile that
-/// has `xcc_per_partition`, in profile order (doc §3.7).
+/// has `xcc_per_partition`, in profile order (docs/amd-hardware.md §3.7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ResourceProfile {
     pub profile_index: u32,
@@ -261,7 +261,7 @@ pub(crate) fn profile(profile: &Profile, config: Option<&ProfileConfig>) -> Imag
     img
 }
 
-/// `amdsmi_accelerator_partition_profile_config_t` (doc §3.8).
+/// `amdsmi_accelerator_partition_profile_config_t` (docs/amd-hardware.md §3.8).
 pub(crate) const PROFILE_CONFIG_SIZE: usize = 39168;
 const CONFIG_RESOURCE_PROFILES: usize = 8;
 const RESOURCE_PROFILE_SIZE: usize = 64;
@@ -288,7 +288,7 @@ pub(crate) fn profile_config(config: &ProfileConfig) -> Image {
     img
 }
 
-/// `amdsmi_proc_info_t` offsets (doc §3.10).
+/// `amdsmi_proc_info_t` offsets (docs/amd-hardware.md §3.10).
 struct ProcLayout {
     stride: usize,
     name_len: usize,

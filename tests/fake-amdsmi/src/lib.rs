@@ -132,7 +132,7 @@ pub unsafe extern "C" fn amdsmi_status_code_to_string(status: u32, out: *mut *co
     })
 }
 
-/// Count-then-fill of the socket handles (doc §4.1).
+/// Count-then-fill of the socket handles (docs/amd-hardware.md §4.1).
 ///
 /// # Safety
 /// `count` is null or a valid `u32`; `list` is null or holds `*count` handles.
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn amdsmi_get_socket_handles(count: *mut u32, list: *mut *
     })
 }
 
-/// Count-then-fill of the processor handles of one socket (doc §4.1).
+/// Count-then-fill of the processor handles of one socket (docs/amd-hardware.md §4.1).
 ///
 /// # Safety
 /// `count` is null or a valid `u32`; `list` is null or holds `*count` handles.
@@ -207,7 +207,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_device_uuid(
     })
 }
 
-/// The plain PCI BDF (doc §3.1), the same for every partition.
+/// The plain PCI BDF (docs/amd-hardware.md §3.1), the same for every partition.
 ///
 /// # Safety
 /// `bdf` is null or a valid `amdsmi_bdf_t*`.
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn amdsmi_get_gpu_device_bdf(handle: *mut c_void, bdf: *mu
     })
 }
 
-/// The BDF id with the partition id in bits 31:28 (doc §4.5).
+/// The BDF id with the partition id in bits 31:28 (docs/amd-hardware.md §4.5).
 ///
 /// # Safety
 /// `bdf_id` is null or a valid `uint64_t*`.

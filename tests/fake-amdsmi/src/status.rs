@@ -1,4 +1,4 @@
-//! `amdsmi_status_t` values (doc §5), their names and the static strings of
+//! `amdsmi_status_t` values (docs/amd-hardware.md §5), their names and the static strings of
 //! `amdsmi_status_code_to_string`.
 
 use std::ffi::CStr;

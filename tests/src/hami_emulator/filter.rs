@@ -1,4 +1,4 @@
-//! HAMi's Filter for AMD on one node (hami-protocol §1.2, §3.2, §4.2;
+//! HAMi's Filter for AMD on one node (docs/hami-protocol.md §1.2, §3.2, §4.2;
 //! Project-HAMi/HAMi `pkg/scheduler/score.go`, `pkg/device/amd/device.go`):
 //! the node's devices from `hami.io/node-amd-register`, their usage rebuilt
 //! from the pods' `hami.io/amd-devices-allocated` ([`super::usage`]), and for

@@ -1,5 +1,5 @@
 //! What HAMi's scheduler writes when it places a pod on AMD GPUs
-//! (hami-protocol §3.1–3.3, §3.7), applied to the fake API server: Filter's
+//! (docs/hami-protocol.md §3.1–3.3, §3.7), applied to the fake API server: Filter's
 //! annotations (`vgpu-node`, `vgpu-time`, to-allocate and allocated, equal
 //! when written), then Bind's node lock `<time>,<ns>,<name>`, `bind-phase:
 //! allocating` and `bind-time`, and the binding itself (`spec.nodeName`).

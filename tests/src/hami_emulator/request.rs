@@ -1,4 +1,4 @@
-//! What a pod asks HAMi for (hami-protocol §4.1): per container, the limits
+//! What a pod asks HAMi for (docs/hami-protocol.md §4.1): per container, the limits
 //! `amd.com/gpu` (count), `amd.com/gpucores` (percent, absent = 100) and
 //! `amd.com/gpumem` (MiB, absent = the whole device), init containers first;
 //! and the pod's selection annotations (§3.1): GPU type and UUID filters and

@@ -6,7 +6,7 @@
 //! The collapse goes by position: entry `i` counts as an init container when
 //! `i` is below the number of init containers in the pod's spec, whether or
 //! not that init container asked for an AMD GPU. The annotation lists only
-//! the containers that asked (hami-protocol §3.2), so a pod whose first init
+//! the containers that asked (docs/hami-protocol.md §3.2), so a pod whose first init
 //! container is CPU-only has its first app entry counted as an init entry:
 //! HAMi then counts the device as `max(init peak, app sum)` and hands the
 //! difference out again. The emulator reproduces that, on purpose: the
