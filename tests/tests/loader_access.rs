@@ -35,6 +35,19 @@ fn stage(bus: &PrivateBus, uid: u32, pod: &str, key: &str) -> bus::RunOutput {
     bus::busctl(bus, uid, &args).unwrap()
 }
 
+fn inspect(bus: &PrivateBus, uid: u32, image: &str) -> bus::RunOutput {
+    let args = [
+        "call",
+        bus::BUS_NAME,
+        ipc::ROOT_PATH,
+        LOADER,
+        "InspectImage",
+        "s",
+        image,
+    ];
+    bus::busctl(bus, uid, &args).unwrap()
+}
+
 #[test]
 fn root_and_the_plugin_may_stage_hooks_and_no_one_else() {
     if !common::can_run_bus_tests() {
@@ -70,16 +83,7 @@ fn root_and_the_plugin_may_stage_hooks_and_no_one_else() {
             out.stderr.to_lowercase().contains(why),
             "{policy:?}: {out:?}"
         );
-        let image = [
-            "call",
-            bus::BUS_NAME,
-            ipc::ROOT_PATH,
-            LOADER,
-            "InspectImage",
-            "s",
-            "x",
-        ];
-        let out = bus::busctl(&bus, OTHER_UID, &image).unwrap();
+        let out = inspect(&bus, OTHER_UID, "x");
         assert!(!out.success(), "{out:?}");
     }
 }
@@ -112,16 +116,7 @@ fn the_plugin_cannot_stage_outside_the_staging_directory() {
     assert!(made.is_empty(), "{made:?}");
     assert!(!root.path().join("etc/cron.d").exists());
     // The containerd socket amd-gpud reads is its own; none here: NotSupported.
-    let image = [
-        "call",
-        bus::BUS_NAME,
-        ipc::ROOT_PATH,
-        LOADER,
-        "InspectImage",
-        "s",
-        "alpine",
-    ];
-    let out = bus::busctl(&bus, PLUGIN_UID, &image).unwrap();
+    let out = inspect(&bus, PLUGIN_UID, "alpine");
     assert!(!out.success(), "{out:?}");
     assert!(out.stderr.contains("containerd"), "{out:?}");
 }
