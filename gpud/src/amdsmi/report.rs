@@ -27,6 +27,22 @@ pub struct AmdSmiReport {
     pub usage: Option<Vec<GpuUsage>>,
 }
 
+impl AmdSmiReport {
+    /// A report of `library` with nothing read yet, for the probe modes
+    /// that fill one field of their own (`--usage`, `--set-profile`).
+    pub(crate) fn of_library(library: String, version: LibVersion, layout: &str) -> Self {
+        Self {
+            library,
+            version,
+            layout: layout.to_owned(),
+            processors: Vec::new(),
+            errors: Vec::new(),
+            profile_switch: None,
+            usage: None,
+        }
+    }
+}
+
 /// One GPU's use as AMD SMI reports it (`amdsmi-probe --usage`), read on
 /// the GPU's partition-0 processor (the one that speaks for the whole
 /// device). `None` where the library has no such getter, it failed, or its

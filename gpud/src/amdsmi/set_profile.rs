@@ -12,9 +12,8 @@ use tracing::{info, info_span, warn};
 use super::{
     LIB_DIR_ENV, LibrarySource,
     child::{Found, detect, enumerate, retry_busy},
-    decode,
     dynlib::{CallFail, SET_PROFILE, Session},
-    layout, locate,
+    locate,
     report::{AmdSmiReport, ProfileSwitch},
     status::{self, status_name},
 };
@@ -95,13 +94,8 @@ pub fn run(
     }
     let _ = session.shut_down();
     Ok(AmdSmiReport {
-        library,
-        version,
-        layout: layout.name().to_owned(),
-        processors: Vec::new(),
-        errors: Vec::new(),
         profile_switch: Some(switch),
-        usage: None,
+        ..AmdSmiReport::of_library(library, version, layout.name())
     })
 }
 
@@ -112,23 +106,7 @@ fn primary<'s>(
     found: &[Found<'s>],
     bdf: &str,
 ) -> Option<super::dynlib::Handle<'s>> {
-    let mut first = None;
-    for f in found {
-        let Ok(raw) = retry_busy(|| session.device_bdf(f.handle)) else {
-            continue;
-        };
-        if layout::format_bdf(raw) != bdf {
-            continue;
-        }
-        let partition = retry_busy(|| session.kfd_info(f.handle))
-            .map(|b| decode::kfd_info(&b).current_partition_id)
-            .or_else(|_| retry_busy(|| session.bdf_id(f.handle)).map(layout::bdf_id_partition));
-        if partition == Ok(0) {
-            return Some(f.handle);
-        }
-        first = first.or(Some(f.handle));
-    }
-    first
+    super::usage::primaries(session, found).remove(bdf)
 }
 
 #[cfg(test)]

@@ -63,20 +63,19 @@ pub fn run(source: &LibrarySource) -> Result<AmdSmiReport, ProbeFailure> {
     };
     let _ = session.shut_down();
     Ok(AmdSmiReport {
-        library,
-        version,
-        layout: layout.name().to_owned(),
-        processors: Vec::new(),
-        errors: Vec::new(),
-        profile_switch: None,
         usage: Some(usage),
+        ..AmdSmiReport::of_library(library, version, layout.name())
     })
 }
 
 /// Per PCI address, the processor with partition id 0, else the first one
-/// (the handle of partition 0 speaks for the whole device, hardware doc
-/// §4.9). Processors whose address cannot be read are left out.
-fn primaries<'s>(session: &'s Session<'_>, found: &[Found<'s>]) -> BTreeMap<String, Handle<'s>> {
+/// (the handle of partition 0 speaks for the whole device,
+/// docs/amd-hardware.md §4.8, §4.9); `--set-profile` picks its GPU's from this
+/// too. Processors whose address cannot be read are left out.
+pub(super) fn primaries<'s>(
+    session: &'s Session<'_>,
+    found: &[Found<'s>],
+) -> BTreeMap<String, Handle<'s>> {
     let mut chosen: BTreeMap<String, (bool, Handle<'s>)> = BTreeMap::new();
     for f in found {
         let Ok(raw) = retry_busy(|| session.device_bdf(f.handle)) else {

@@ -44,15 +44,3 @@ impl LoaderArgs {
         }
     }
 }
-
-impl LoaderConfig {
-    /// The defaults under `paths`.
-    pub fn under(paths: &HostPaths) -> Self {
-        LoaderArgs {
-            containerd_socket: None,
-            containerd_namespace: "k8s.io".into(),
-            memory_hook: None,
-        }
-        .config(paths)
-    }
-}

@@ -90,11 +90,6 @@ impl HookStage {
         }
     }
 
-    /// The directory staged hooks go under.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     /// Creates `<root>/<pod_uid>/<key>/` and puts a copy of the hook in it
     /// (`with_hook`) or removes the copy there; returns the directory.
     ///
