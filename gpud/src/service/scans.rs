@@ -144,3 +144,58 @@ pub fn answer(job: Queued, result: Result<Arc<Snapshot>, ScanError>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Answer = oneshot::Receiver<Result<Arc<Snapshot>, ScanError>>;
+
+    fn job(reply: bool) -> (Queued, Option<Answer>) {
+        let (tx, rx) = oneshot::channel();
+        let reply = reply.then_some(tx);
+        let rx = reply.is_some().then_some(rx);
+        let queued = Queued {
+            reprobe: false,
+            reply,
+            span: Span::none(),
+        };
+        (queued, rx)
+    }
+
+    #[test]
+    fn a_periodic_rescan_waits_once_and_callers_keep_their_order() {
+        let mut scans = Scans::default();
+        let (first, _a) = job(true);
+        let (tick, _) = job(false);
+        let (again, _) = job(false);
+        let (second, _b) = job(true);
+        scans.push(first);
+        scans.push(tick);
+        scans.push(again);
+        scans.push(second);
+        let order: Vec<bool> = std::iter::from_fn(|| scans.next())
+            .map(|q| q.reply.is_some())
+            .collect();
+        assert_eq!(order, [true, false, true]);
+    }
+
+    #[test]
+    fn while_a_read_is_stuck_every_queued_one_fails_at_once() {
+        let (_blocked, pending) = oneshot::channel();
+        let mut scans = Scans {
+            stuck: Some(pending),
+            ..Scans::default()
+        };
+        let (first, a) = job(true);
+        let (second, b) = job(true);
+        scans.push(first);
+        scans.push(second);
+        assert!(scans.next().is_none());
+        for rx in [a, b].into_iter().flatten() {
+            let err = rx.blocking_recv().expect("answered").unwrap_err();
+            assert!(err.to_string().contains("still blocked"), "{err}");
+        }
+        assert!(scans.stuck.is_some(), "the stuck read is still remembered");
+    }
+}
