@@ -14,7 +14,7 @@ use std::{io, path::PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::{HostPaths, inventory::Gpu, service::Presence};
+use crate::{HostPaths, inventory::Gpu};
 
 /// `cdiVersion` written.
 pub const CDI_VERSION: &str = "0.6.0";
@@ -44,13 +44,11 @@ fn node(paths: &HostPaths, rel: &str) -> Value {
     entry
 }
 
-/// The spec for the present GPUs.
-pub fn spec<'a>(paths: &HostPaths, gpus: impl Iterator<Item = (&'a Gpu, Presence)>) -> Value {
+/// The spec for `gpus` (the present ones: the caller leaves missing GPUs
+/// out).
+pub fn spec<'a>(paths: &HostPaths, gpus: impl Iterator<Item = &'a Gpu>) -> Value {
     let mut devices = Vec::new();
-    for (gpu, presence) in gpus {
-        if presence != Presence::Present {
-            continue;
-        }
+    for gpu in gpus {
         for part in &gpu.partitions {
             let mut nodes = Vec::new();
             if let Some(card) = part.card_minor {

@@ -7,7 +7,7 @@
 //! waits for it only until a deadline. A read that misses it is abandoned:
 //! its thread stays blocked (a plain thread, not the runtime's blocking
 //! pool, so that stopping the daemon does not wait for it), and no other
-//! read is started until it returns (see `dbus::publish`).
+//! read is started until it returns (see `service::scans`).
 
 use std::{sync::mpsc, time::Duration};
 

@@ -144,8 +144,9 @@ pub fn probe(cfg: &AmdSmiConfig) -> Result<AmdSmiReport, AmdSmiError> {
     parent::probe(cfg)
 }
 
-/// Selects accelerator partition profile `profile_index` (AMD SMI's index,
-/// [`crate::partition::amdsmi_index`]) on the GPU at `bdf`, in a helper
+/// Selects accelerator partition profile `profile_index` (AMD SMI's index
+/// of the mode in the GPU's profile list; the caller derives it from
+/// sysfs) on the GPU at `bdf`, in a helper
 /// process as every AMD SMI call. Waiting for the new partitions is the
 /// caller's.
 ///

@@ -1,11 +1,14 @@
-//! The D-Bus adapter: `io.hami.AmdGpu1` on the system bus (or any address).
+//! The D-Bus adapter: `io.hami.AmdGpu1` on the system bus (or any address),
+//! the only code that knows of zbus.
 //!
-//! Thin by design: objects render views of the [`Service`]'s registry;
-//! methods authenticate, validate and call the service. The daemon exits with
-//! an error when it loses the bus or its name, so systemd restarts it.
+//! Thin by design: the service task ([`crate::service::spawn`]) owns the
+//! state and its loops; methods authenticate, validate and send it a request
+//! ([`Handle`]); [`publish`] applies the changes it sends to the object
+//! server; properties answer from the last applied [`Snapshot`]. The daemon
+//! exits with an error when it loses the bus or its name (or the service
+//! task ends), so systemd restarts it.
 
 mod auth;
-mod health;
 mod loader;
 mod node;
 mod objects;
@@ -15,16 +18,12 @@ mod usage;
 mod views;
 mod vram;
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use futures_util::StreamExt;
 use ipc::{BUS_NAME, ROOT_PATH};
-pub use node::Shared;
-pub use publish::PublishError;
-use tracing::{error, info, warn};
+use tokio::{sync::watch, task::JoinHandle};
+use tracing::{error, info};
 use zbus::{
     Connection, MatchRule, MessageStream,
     connection::Builder,
@@ -33,7 +32,11 @@ use zbus::{
 };
 
 use self::node::NodeObject;
-use crate::service::Service;
+use crate::{
+    dmem::Dmem,
+    health::Stats,
+    service::{self, Handle, Origin, ScanError, Service, ServiceConfig, Snapshot},
+};
 
 /// Where to connect.
 #[derive(Debug, Clone)]
@@ -62,7 +65,9 @@ pub enum ServeError {
     #[error("lost the name {BUS_NAME}")]
     NameLost,
     #[error("the first inventory read failed: {0}")]
-    FirstRead(#[source] PublishError),
+    FirstRead(#[source] ScanError),
+    #[error("the service task stopped")]
+    ServiceStopped,
     #[error("bus error: {0}")]
     Bus(#[source] Box<zbus::Error>),
     #[error("--dmem-backend on: {0}")]
@@ -86,11 +91,19 @@ pub async fn serve(
     rescan: Option<Duration>,
 ) -> Result<(), ServeError> {
     service.dmem().check_required().map_err(ServeError::Dmem)?;
-    let shared: Shared = Arc::new(Mutex::new(service));
-    let conn = connect(&bus, &shared).await?;
-    publish::rescan(&conn, &shared, true)
+    let config = service.config().clone();
+    let (dmem, health) = (service.dmem().clone(), service.health_stats());
+    let (shown, state) = watch::channel(Arc::new(Snapshot::default()));
+    let spawned = service::spawn(service, rescan);
+    let first = spawned.handle.clone();
+    let node = node_object(&config, spawned.handle, state, dmem, health);
+    let conn = connect(&bus, node, loader_object(&config)).await?;
+    tokio::spawn(publish::apply_all(conn.clone(), shown, spawned.updates));
+    first
+        .rescan(Origin::First)
         .await
         .map_err(ServeError::FirstRead)?;
+    drop(first);
     let reply = conn
         .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
         .await
@@ -103,37 +116,42 @@ pub async fn serve(
     }
     info!(name = BUS_NAME, "serving the GPU inventory");
     let name_lost = name_lost_stream(&conn).await?;
-    run(&conn, &shared, rescan, name_lost).await
+    run(&conn, spawned.task, name_lost).await
 }
 
-async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeError> {
+/// The node object over the service task behind `service`.
+fn node_object(
+    config: &ServiceConfig,
+    service: Handle,
+    state: watch::Receiver<Arc<Snapshot>>,
+    dmem: Arc<Dmem>,
+    health: Arc<Stats>,
+) -> NodeObject {
+    let pulse = config.health.pulse.unwrap_or_default();
+    NodeObject {
+        service,
+        state,
+        dmem,
+        allowed_uids: Arc::from(config.allowed_uids.as_slice()),
+        health,
+        usage: Arc::new(usage::UsageState::new(
+            config.paths.clone(),
+            config.dmem.clone(),
+            config.amdsmi.clone(),
+        )),
+        health_pulse: u32::try_from(pulse.as_secs()).unwrap_or(u32::MAX),
+        paths: config.paths.clone(),
+    }
+}
+
+async fn connect(
+    bus: &BusTarget,
+    node: NodeObject,
+    loader: loader::LoaderObject,
+) -> Result<Connection, ServeError> {
     let (builder, target) = match bus {
         BusTarget::System => (Builder::system(), "the system bus".to_owned()),
         BusTarget::Address(address) => (Builder::address(address.as_str()), address.clone()),
-    };
-    let node = {
-        let service = shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let pulse = service.config().health.pulse.unwrap_or_default();
-        NodeObject {
-            service: shared.clone(),
-            dmem: service.dmem().clone(),
-            allowed_uids: Arc::from(service.config().allowed_uids.as_slice()),
-            health: service.health_stats(),
-            usage: Arc::new(usage::UsageState::new(
-                service.config().paths.clone(),
-                service.config().dmem.clone(),
-                service.config().amdsmi.clone(),
-            )),
-            health_pulse: u32::try_from(pulse.as_secs()).unwrap_or(u32::MAX),
-        }
-    };
-    let loader = {
-        let service = shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        loader_object(service.config())
     };
     let built = async {
         builder?
@@ -151,7 +169,7 @@ async fn connect(bus: &BusTarget, shared: &Shared) -> Result<Connection, ServeEr
 
 /// The loader object of `config`; containerd is reached through this
 /// runtime.
-fn loader_object(config: &crate::service::ServiceConfig) -> loader::LoaderObject {
+fn loader_object(config: &ServiceConfig) -> loader::LoaderObject {
     use crate::loader_check::{checker, stage::HookStage};
     let inspect = checker::ContainerdInspect {
         socket: config.loader.containerd_socket.clone(),
@@ -182,48 +200,25 @@ async fn name_lost_stream(conn: &Connection) -> Result<MessageStream, ServeError
 
 async fn run(
     conn: &Connection,
-    shared: &Shared,
-    rescan: Option<Duration>,
+    mut service: JoinHandle<()>,
     mut name_lost: MessageStream,
 ) -> Result<(), ServeError> {
-    let mut ticker = rescan.map(tokio::time::interval);
-    if let Some(t) = ticker.as_mut() {
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        t.tick().await; // the first tick is immediate; the first read is done
-    }
     let mut terminate = signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let pulse = shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .config()
-        .health
-        .pulse;
-    let health = async {
-        match pulse {
-            Some(pulse) => health::pulses(conn, shared, pulse).await,
-            None => std::future::pending().await,
+    tokio::select! {
+        () = conn.closed() => {
+            error!("lost the connection to the bus; exiting so that systemd restarts amd-gpud");
+            Err(ServeError::BusLost)
         }
-    };
-    tokio::pin!(health);
-    loop {
-        tokio::select! {
-            () = conn.closed() => {
-                error!("lost the connection to the bus; exiting so that systemd restarts amd-gpud");
-                return Err(ServeError::BusLost);
-            }
-            lost = name_lost.next() => {
-                error!(?lost, "lost the bus name; exiting");
-                return Err(if lost.is_some_and(|m| m.is_ok()) { ServeError::NameLost } else { ServeError::BusLost });
-            }
-            _ = terminate.recv() => { info!("SIGTERM: stopping"); return Ok(()); }
-            _ = interrupt.recv() => { info!("SIGINT: stopping"); return Ok(()); }
-            () = &mut health => {}
-            () = tick(ticker.as_mut()) => {
-                if let Err(err) = publish::rescan(conn, shared, false).await {
-                    warn!("periodic rescan failed: {err}");
-                }
-            }
+        lost = name_lost.next() => {
+            error!(?lost, "lost the bus name; exiting");
+            Err(if lost.is_some_and(|m| m.is_ok()) { ServeError::NameLost } else { ServeError::BusLost })
+        }
+        _ = terminate.recv() => { info!("SIGTERM: stopping"); Ok(()) }
+        _ = interrupt.recv() => { info!("SIGINT: stopping"); Ok(()) }
+        ended = &mut service => {
+            error!(?ended, "the service task stopped; exiting");
+            Err(ServeError::ServiceStopped)
         }
     }
 }
@@ -232,11 +227,4 @@ fn signal(
     kind: tokio::signal::unix::SignalKind,
 ) -> Result<tokio::signal::unix::Signal, ServeError> {
     tokio::signal::unix::signal(kind).map_err(ServeError::Signals)
-}
-
-async fn tick(ticker: Option<&mut tokio::time::Interval>) {
-    match ticker {
-        Some(t) => drop(t.tick().await),
-        None => std::future::pending().await,
-    }
 }

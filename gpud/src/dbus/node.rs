@@ -1,16 +1,17 @@
 //! The node object: inventory-wide properties, `Rescan`, `InventoryChanged`,
 //! and the VRAM caps (`SetPodVramLimits`, `Dmem*` properties).
+//!
+//! Properties answer from the last published [`Snapshot`]; `Rescan` and
+//! `SetComputePartition` are requests to the service task. Nothing here
+//! waits for a read of the hardware but `Rescan`, which asks for one.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Instant,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use ipc::{
     ApiError,
     usage::{ContainerVram, GpuUse, PodDmem},
 };
+use tokio::sync::watch;
 use tracing::{Instrument, info_span};
 use zbus::{
     Connection, interface,
@@ -19,44 +20,39 @@ use zbus::{
     zvariant::{ObjectPath, OwnedObjectPath},
 };
 
-use super::{auth, publish, switch, usage, vram};
-use crate::{dmem::Dmem, health::Stats, restore_check, service::Service};
-
-/// The service, shared between the node object and the rescan loop.
-pub type Shared = Arc<Mutex<Service>>;
+use super::{auth, switch, usage, vram};
+use crate::{
+    HostPaths,
+    dmem::Dmem,
+    health::Stats,
+    restore_check,
+    service::{Handle, Origin, Snapshot},
+};
 
 /// `io.hami.AmdGpu1.Node` on `/io/hami/AmdGpu1`.
 pub struct NodeObject {
-    pub service: Shared,
-    /// The dmem backend, reached without the service lock (a rescan holds it
-    /// while AMD SMI is probed, which may take many seconds).
+    /// Requests to the service task.
+    pub service: Handle,
+    /// The inventory as last published (replaced as each change is applied).
+    pub state: watch::Receiver<Arc<Snapshot>>,
+    /// The dmem backend (internally synchronized).
     pub dmem: Arc<Dmem>,
-    /// UIDs allowed to call methods, copied from the configuration for the
-    /// same reason.
+    /// UIDs allowed to call methods.
     pub allowed_uids: Arc<[u32]>,
-    /// The health counters, also read without the service lock.
+    /// The health counters (atomics the service task counts in).
     pub health: Arc<Stats>,
     /// Seconds between health pulses; 0 when off.
     pub health_pulse: u32,
     /// `GetUsage`'s cache and read gate.
     pub usage: Arc<usage::UsageState>,
+    /// Where `RestoreCheck` reads the host.
+    pub paths: HostPaths,
 }
 
 impl NodeObject {
-    fn with<T>(&self, f: impl FnOnce(&Service) -> T) -> T {
-        let service = self
-            .service
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&service)
-    }
-
-    fn with_mut<T>(&self, f: impl FnOnce(&mut Service) -> T) -> T {
-        let mut service = self
-            .service
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut service)
+    /// The inventory as last published.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.state.borrow().clone()
     }
 }
 
@@ -80,10 +76,9 @@ impl NodeObject {
         );
         async {
             auth::check_root(uid?, "Rescan").inspect_err(|e| tracing::warn!("{e}"))?;
-            let reprobe = self.with_mut(|s| s.rescan_may_probe(Instant::now()));
-            tracing::info!(reprobe, "rescan requested");
-            publish::rescan(conn, &self.service, reprobe)
-                .await
+            let state = self.service.rescan(Origin::Caller).await;
+            state
+                .map(|s| s.generation())
                 .map_err(|e| ApiError::Failed(format!("{e:#}")))
         }
         .instrument(span)
@@ -162,7 +157,7 @@ impl NodeObject {
             let uid = uid?;
             auth::check(uid, &self.allowed_uids, "SetComputePartition")
                 .inspect_err(|e| tracing::warn!("{e}"))?;
-            switch::set_compute_partition(conn, &self.service, &gpu, &mode, allocations_exist)
+            switch::set_compute_partition(&self.service, &gpu, &mode, allocations_exist)
                 .await
                 .inspect_err(|e| tracing::warn!("SetComputePartition failed: {e}"))
                 .map_err(|e| auth::for_caller(uid, e))
@@ -198,10 +193,7 @@ impl NodeObject {
             let uid = uid?;
             auth::check(uid, &self.allowed_uids, "GetUsage")
                 .inspect_err(|e| tracing::warn!("{e}"))?;
-            // Never wait for the service lock (a rescan may hold it while
-            // AMD SMI is probed): the targets of the last look do then.
-            let fresh = self.service.try_lock().ok().map(|s| usage::targets(&s));
-            let targets = self.usage.targets(fresh);
+            let targets = usage::targets(&self.snapshot().registry);
             usage::get(&self.usage, targets)
                 .await
                 .map_err(|e| auth::for_caller(uid, e))
@@ -239,7 +231,7 @@ impl NodeObject {
         );
         async {
             auth::check_root(uid?, "RestoreCheck").inspect_err(|e| tracing::warn!("{e}"))?;
-            let paths = self.with(|s| s.config().paths.clone());
+            let paths = self.paths.clone();
             let request = restore_request(gpus, &options, &mode)?;
             let verdict = tokio::task::spawn_blocking(move || {
                 let image = restore_check::image::parse(&image, "image")
@@ -274,36 +266,36 @@ impl NodeObject {
     /// Counts changes of the inventory since the daemon started.
     #[zbus(property)]
     fn generation(&self) -> u64 {
-        self.with(|s| s.registry().generation())
+        self.snapshot().generation()
     }
 
     /// KFD `generation_id` at the last read; 0 when the kernel has none.
     #[zbus(property)]
     fn kfd_generation(&self) -> u64 {
-        self.with(|s| s.meta().kfd_generation.unwrap_or(0))
+        self.snapshot().meta.kfd_generation.unwrap_or(0)
     }
 
     /// Every GPU object, ordered by PCI address (missing ones included).
     #[zbus(property)]
     fn gpus(&self) -> Vec<OwnedObjectPath> {
-        self.with(|s| {
-            s.registry()
-                .gpus()
-                .map(|(g, _)| ipc::gpu_path(&g.bdf.to_string()))
-                .collect()
-        })
+        self.snapshot()
+            .registry
+            .gpus()
+            .map(|(g, _)| ipc::gpu_path(&g.bdf.to_string()))
+            .collect()
     }
 
     /// `<state>: <detail>` of AMD SMI: loaded, unavailable or disabled.
     #[zbus(property)]
     fn amd_smi(&self) -> String {
-        self.with(|s| format!("{}: {}", s.meta().amdsmi.state, s.meta().amdsmi.detail))
+        let state = self.snapshot();
+        format!("{}: {}", state.meta.amdsmi.state, state.meta.amdsmi.detail)
     }
 
     /// Problems found at the last read, each naming its file or device.
     #[zbus(property)]
     fn warnings(&self) -> Vec<String> {
-        self.with(|s| s.meta().warnings.clone())
+        self.snapshot().meta.warnings.clone()
     }
 
     /// VRAM caps: `on`, or `off: <reason>` (no cgroup v2, no dmem

@@ -21,7 +21,7 @@ use crate::{
     amdsmi::AmdSmiConfig,
     deadline,
     dmem::DmemConfig,
-    service::{Presence, Service},
+    service::{Presence, Registry},
     usage::{self, Reading, Targets, amdsmi::SmiUsage, cache},
 };
 
@@ -42,8 +42,6 @@ pub struct UsageState {
     gate: tokio::sync::Mutex<()>,
     /// Set while a read's thread runs (it may outlive its deadline).
     busy: Arc<AtomicBool>,
-    /// The targets of the last look at the inventory.
-    last_targets: std::sync::Mutex<Targets>,
     /// VRAM used and activity from AMD SMI, where it answers.
     smi: SmiUsage,
 }
@@ -57,27 +55,12 @@ impl UsageState {
             cache: cache::Cache::default(),
             gate: tokio::sync::Mutex::new(()),
             busy: Arc::new(AtomicBool::new(false)),
-            last_targets: std::sync::Mutex::new(Targets::default()),
         }
-    }
-
-    /// `fresh` (kept for later), or the last targets when the inventory
-    /// could not be looked at.
-    pub fn targets(&self, fresh: Option<Targets>) -> Targets {
-        let mut last = self
-            .last_targets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(fresh) = fresh {
-            *last = fresh;
-        }
-        last.clone()
     }
 }
 
 /// The present GPUs and the KFD `gpu_id`s of their present partitions.
-pub fn targets(service: &Service) -> Targets {
-    let registry = service.registry();
+pub fn targets(registry: &Registry) -> Targets {
     let mut targets = Targets::default();
     for (gpu, presence) in registry.gpus() {
         if presence != Presence::Present {

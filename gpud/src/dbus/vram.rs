@@ -1,6 +1,6 @@
 //! The D-Bus side of VRAM caps: `SetPodVramLimits` and the `Dmem*`
 //! properties of the node, over [`crate::dmem`]. Only conversion and error
-//! mapping live here; the caller's UID is checked in [`super::node`].
+//! mapping live here; the node object checks the caller's UID.
 
 use std::{
     collections::{BTreeMap, HashMap},

@@ -88,7 +88,8 @@ impl Default for HealthConfig {
     }
 }
 
-/// Counters of the health checks, readable without the service lock.
+/// Counters of the health checks: atomics the service task counts in and
+/// a transport reads as they are.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Rounds of probes run.

@@ -75,8 +75,9 @@ pub struct Gpu {
     pub market_name: Option<String>,
     /// AMD SMI's `device_uuid`: an opaque label.
     pub amdsmi_uuid: Option<String>,
-    /// The ID the GPU is published under, chosen once and kept
-    /// ([`crate::published_ids`]); `None` until the service stamps it.
+    /// The ID the GPU is published under, chosen once and kept in the
+    /// state directory across reads and restarts; `None` until the service
+    /// stamps it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub published_id: Option<String>,
     /// Current compute partition mode (`SPX`, `DPX`, `QPX`, `CPX`, ...).

@@ -16,8 +16,8 @@ use std::{
     time::Instant,
 };
 
-use super::analyze::{InspectError, Limits};
 use super::elf::{self, ElfSummary, GlibcVersion, Shebang};
+use super::inspection::{InspectError, Limits};
 use super::zstd::ZstdFrames;
 
 /// Bytes read from the start of an executable to summarise it.

@@ -18,6 +18,7 @@ mod classify;
 pub mod config;
 pub mod containerd;
 mod elf;
+mod inspection;
 mod layers;
 mod oci;
 pub mod reference;

@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use super::analyze::{InspectError, Platform};
+use super::inspection::{InspectError, Platform};
 use super::source::Descriptor;
 
 pub(crate) const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";

@@ -1,6 +1,6 @@
-//! Where image blobs come from: the seam between the analysis
-//! ([`super::analyze`]) and a content store ([`super::containerd`] in
-//! production, an OCI layout directory in tests).
+//! Where image blobs come from: the seam between the analysis, which reads
+//! blobs through [`ImageSource`], and a content store (containerd in
+//! production, an OCI layout directory in tests), which implements it.
 
 use std::{io::Read, path::PathBuf};
 

@@ -1,5 +1,9 @@
 //! The daemon's core, independent of D-Bus: the configuration, the registry
-//! of published devices, and re-reading the inventory.
+//! of published devices, re-reading the inventory, and the task that owns
+//! them all ([`spawn`]): it runs the periodic rescan, the health pulse and
+//! partition switches, writes the CDI spec, takes requests through a
+//! [`Handle`] and sends each change as a [`Published`] for a transport to
+//! apply. No lock is shared with the transport.
 //!
 //! AMD SMI is probed at start, on an explicit rescan, and whenever the KFD
 //! topology's `generation_id` moves (a partition switch, a driver reload);
@@ -9,15 +13,23 @@
 //! device state, every rescan probes it again, so that a recovered device is
 //! seen (see [`crate::health`]).
 
+mod api;
+mod daemon;
 mod health;
+mod pulse;
 pub mod registry;
 mod scan;
+mod scans;
+mod switch;
 
 use std::{sync::Arc, time::Instant};
 
+pub use api::{Handle, Origin, Published, ScanError, Snapshot, SwitchError};
+pub use daemon::{Spawned, spawn};
 pub use health::Shown;
 pub use registry::{ObjectKey, Presence, Registry, Update};
 pub use scan::{RESCAN_PROBE_EVERY, ScanPlan, Scanned};
+pub use switch::SWITCH_TIMEOUT;
 use tracing::info;
 
 use crate::{
@@ -27,7 +39,6 @@ use crate::{
     hostpaths::HostPaths,
     inventory::{AmdSmiSummary, Inventory},
     published_ids::PublishedIds,
-    topology::TopologyError,
 };
 
 /// What the service needs to run.
@@ -57,7 +68,8 @@ pub struct Meta {
     pub dmem: dmem::Status,
 }
 
-/// The state behind every published object.
+/// The state behind every published object, owned by the service task
+/// ([`spawn`]).
 #[derive(Debug)]
 pub struct Service {
     config: ServiceConfig,
@@ -94,8 +106,8 @@ impl Service {
         }
     }
 
-    /// The dmem backend (internally synchronized; callers need not hold the
-    /// service lock to use it).
+    /// The dmem backend (internally synchronized: a transport keeps a clone
+    /// to set VRAM caps and read the backend's state).
     pub fn dmem(&self) -> &Arc<Dmem> {
         &self.dmem
     }
@@ -110,23 +122,6 @@ impl Service {
 
     pub fn config(&self) -> &ServiceConfig {
         &self.config
-    }
-
-    /// Whether `uid` may call methods.
-    pub fn allows(&self, uid: u32) -> bool {
-        self.config.allowed_uids.contains(&uid)
-    }
-
-    /// Reads the inventory again (blocking I/O: call it off the async
-    /// executor, and not under a lock D-Bus answers need: see
-    /// [`Service::plan_scan`]) and folds it into the registry. `reprobe`
-    /// forces a new AMD SMI probe.
-    ///
-    /// # Errors
-    /// When the KFD topology cannot be read at all; the registry is unchanged.
-    pub fn rescan(&mut self, reprobe: bool) -> Result<Update, TopologyError> {
-        let scanned = self.plan_scan(reprobe).run()?;
-        Ok(self.fold_scan(scanned))
     }
 
     fn fold(&mut self, inventory: Inventory) -> Update {

@@ -51,7 +51,7 @@ struct Tracked {
 }
 
 /// Every GPU published since start.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Registry {
     gpus: BTreeMap<PciAddress, Tracked>,
     generation: u64,

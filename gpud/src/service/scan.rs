@@ -1,10 +1,10 @@
-//! A rescan in three steps, so that the service lock is never held while
-//! the hardware is read: [`Service::plan_scan`] copies what the read needs
-//! (under the lock, no I/O), [`ScanPlan::run`] reads sysfs and probes AMD
-//! SMI (no lock; the caller puts a deadline on it, see
-//! [`crate::deadline`]), and [`Service::fold_scan`] folds the result in
-//! (under the lock, no I/O). D-Bus property getters take the same lock, so
-//! they answer while a read is blocked.
+//! A rescan in three steps, so that the service task never waits for the
+//! hardware: [`Service::plan_scan`] copies what the read needs (no I/O),
+//! [`ScanPlan::run`] reads sysfs and probes AMD SMI (on a thread of its
+//! own, with a deadline: see [`super::scans`] and [`crate::deadline`]), and
+//! [`Service::fold_scan`] folds the result in (no I/O). The task keeps
+//! taking requests while a read is blocked, and a transport answers from
+//! the last published [`super::Snapshot`] meanwhile.
 
 use std::{
     sync::Arc,
@@ -129,7 +129,7 @@ impl ScanPlan {
             probed = Some(inventory::probe_amdsmi(&self.amdsmi_config));
             inventory = inventory::discover(&self.paths, report(&probed).as_ref())?;
         }
-        // Off the service lock too: a GPU seen for the first time writes its ID.
+        // Off the service task too: a GPU seen for the first time writes its ID.
         self.ids.stamp(&mut inventory);
         Ok(Scanned {
             inventory,
