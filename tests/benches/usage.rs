@@ -19,7 +19,7 @@ use std::{
     collections::BTreeMap,
     fs,
     io::Read,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -37,83 +37,12 @@ use plugin::{
 };
 use tests::fixture::{self, BuildOptions};
 
-const PODS: usize = 110;
+#[path = "shared/usage_node.rs"]
+mod usage_node;
+use usage_node::{PODS, cid, gpu_ids, populate, uid};
+
 const ROUNDS: usize = 41;
 const WARMUP: usize = 3;
-const MIB: u64 = 1 << 20;
-
-fn write(path: &Path, text: &str) -> std::io::Result<()> {
-    fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))?;
-    fs::write(path, text)
-}
-
-fn uid(i: usize) -> String {
-    format!("00000000-0000-4000-8000-{i:012x}")
-}
-
-fn cid(i: usize) -> String {
-    format!("{i:064x}")
-}
-
-/// KFD `gpu_id`s of the topology's GPU nodes.
-fn gpu_ids(root: &Path) -> anyhow::Result<Vec<u64>> {
-    let mut ids = Vec::new();
-    for node in fs::read_dir(root.join("sys/class/kfd/kfd/topology/nodes"))? {
-        let text = fs::read_to_string(node?.path().join("gpu_id"))?;
-        let id: u64 = text.trim().parse()?;
-        if id != 0 {
-            ids.push(id);
-        }
-    }
-    ids.sort_unstable();
-    Ok(ids)
-}
-
-/// The node's processes, pods and GPU files; returns every file a read opens.
-fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for i in 0..PODS {
-        let pid = 10_000 + i;
-        let pod = format!(
-            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
-            uid(i).replace('-', "_")
-        );
-        let cgroup = root.join(format!("proc/{pid}/cgroup"));
-        write(
-            &cgroup,
-            &format!("0::{pod}/cri-containerd-{}.scope\n", cid(i)),
-        )?;
-        files.push(cgroup);
-        let dir = root.join(format!("sys/class/kfd/kfd/proc/{pid}"));
-        for (n, id) in ids.iter().enumerate() {
-            let bytes = if n == i % ids.len() {
-                (i as u64 + 1) * MIB
-            } else {
-                0
-            };
-            let file = dir.join(format!("vram_{id}"));
-            write(&file, &format!("{bytes}\n"))?;
-            files.push(file);
-        }
-        let bdf = &bdfs[i % bdfs.len()];
-        let dmem = root.join(format!("sys/fs/cgroup{pod}/dmem.current"));
-        write(&dmem, &format!("drm/{bdf}/vram {}\n", (i as u64 + 1) * MIB))?;
-        files.push(dmem);
-    }
-    for bdf in bdfs {
-        let dir = root.join(format!("sys/bus/pci/devices/{bdf}"));
-        for (name, value) in [
-            ("mem_info_vram_used", "1073741824"),
-            ("gpu_busy_percent", "42"),
-            ("hwmon/hwmon0/temp1_input", "45000"),
-            ("hwmon/hwmon0/power1_average", "250000000"),
-        ] {
-            write(&dir.join(name), &format!("{value}\n"))?;
-            files.push(dir.join(name));
-        }
-    }
-    Ok(files)
-}
 
 fn read_each(files: &[PathBuf], buf: &mut Vec<u8>) -> std::io::Result<()> {
     for file in files {

@@ -1,0 +1,85 @@
+//! The node both usage benches (`usage`, `usage_amdsmi`) read: KFD
+//! processes of 110 pods on the builder's `mi300x-8-cpx` node, each in its
+//! pod's container cgroup, with their `vram_<gpu_id>` files, each pod's
+//! `dmem.current`, and each GPU's sysfs usage values.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+pub const PODS: usize = 110;
+pub const MIB: u64 = 1 << 20;
+
+pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
+    fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))?;
+    fs::write(path, text)
+}
+
+pub fn uid(i: usize) -> String {
+    format!("00000000-0000-4000-8000-{i:012x}")
+}
+
+pub fn cid(i: usize) -> String {
+    format!("{i:064x}")
+}
+
+/// KFD `gpu_id`s of the topology's GPU nodes.
+pub fn gpu_ids(root: &Path) -> anyhow::Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    for node in fs::read_dir(root.join("sys/class/kfd/kfd/topology/nodes"))? {
+        let text = fs::read_to_string(node?.path().join("gpu_id"))?;
+        let id: u64 = text.trim().parse()?;
+        if id != 0 {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// The node's processes, pods and GPU files; returns every file a read opens.
+pub fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for i in 0..PODS {
+        let pid = 10_000 + i;
+        let pod = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            uid(i).replace('-', "_")
+        );
+        let cgroup = root.join(format!("proc/{pid}/cgroup"));
+        write(
+            &cgroup,
+            &format!("0::{pod}/cri-containerd-{}.scope\n", cid(i)),
+        )?;
+        files.push(cgroup);
+        let dir = root.join(format!("sys/class/kfd/kfd/proc/{pid}"));
+        for (n, id) in ids.iter().enumerate() {
+            let bytes = if n == i % ids.len() {
+                (i as u64 + 1) * MIB
+            } else {
+                0
+            };
+            let file = dir.join(format!("vram_{id}"));
+            write(&file, &format!("{bytes}\n"))?;
+            files.push(file);
+        }
+        let bdf = &bdfs[i % bdfs.len()];
+        let dmem = root.join(format!("sys/fs/cgroup{pod}/dmem.current"));
+        write(&dmem, &format!("drm/{bdf}/vram {}\n", (i as u64 + 1) * MIB))?;
+        files.push(dmem);
+    }
+    for bdf in bdfs {
+        let dir = root.join(format!("sys/bus/pci/devices/{bdf}"));
+        for (name, value) in [
+            ("mem_info_vram_used", "1073741824"),
+            ("gpu_busy_percent", "42"),
+            ("hwmon/hwmon0/temp1_input", "45000"),
+            ("hwmon/hwmon0/power1_average", "250000000"),
+        ] {
+            write(&dir.join(name), &format!("{value}\n"))?;
+            files.push(dir.join(name));
+        }
+    }
+    Ok(files)
+}
