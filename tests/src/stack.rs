@@ -84,10 +84,26 @@ pub fn gpud_with_amdsmi(
     library: &Path,
     fixture: &Path,
 ) -> io::Result<Process> {
+    gpud_with_amdsmi_and(fake_node, bus, root, (library, fixture), &[])
+}
+
+/// As [`gpud_with_amdsmi`] (`amdsmi` is the library and its fixture), with
+/// `extra` arguments after `serve`.
+///
+/// # Errors
+/// When it cannot start or does not take its name within 20 s.
+pub fn gpud_with_amdsmi_and(
+    fake_node: &Path,
+    bus: &PrivateBus,
+    root: &Path,
+    amdsmi: (&Path, &Path),
+    extra: &[&str],
+) -> io::Result<Process> {
     let mut cmd = gpud_command(fake_node, bus, root, 0);
     cmd.arg("--amdsmi")
-        .arg(library)
-        .env("FAKE_AMDSMI_FIXTURE", fixture);
+        .arg(amdsmi.0)
+        .env("FAKE_AMDSMI_FIXTURE", amdsmi.1)
+        .args(extra);
     start_gpud(cmd, bus)
 }
 

@@ -3,7 +3,9 @@
 //! `dmem.current` on the fake host; the plugin joins `GetUsage` with the
 //! grants HAMi made and exports HAMi's series. A pod's usage shows under its
 //! namespace, pod and container; a process outside every pod cgroup is
-//! never counted; the series go when the pod ends. Needs root.
+//! never counted; the series go when the pod ends. With AMD SMI loaded, the
+//! per-GPU series carry its figures where it has them and sysfs's where it
+//! has none. Needs root.
 
 // An integration-test file is itself the test module, and a failed unwrap is a
 // failed test here.
@@ -16,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::world::{World, schedule, world};
+use common::world::{Setup, World, schedule, world, world_with_amdsmi};
 use prometheus_parse::{Scrape, Value};
 use tests::apiserver::Kind;
 
@@ -46,8 +48,22 @@ fn process(root: &Path, pid: u32, cgroup: &str, gpu_id: u64, bytes: u64) {
     write(&dir.join(format!("vram_{gpu_id}")), &format!("{bytes}\n"));
 }
 
+#[test]
+fn host_series_carry_amdsmi_figures_where_it_has_them() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(150), amdsmi_scenario());
+}
+
 /// GPU 0's PCI address and its (only, SPX) partition's KFD gpu_id.
 async fn gpu0(w: &World) -> (String, u64) {
+    gpu_at(w, 0).await
+}
+
+/// The PCI address of the GPU registered `index`-th, and its first
+/// partition's KFD gpu_id.
+async fn gpu_at(w: &World, index: usize) -> (String, u64) {
     let conn = zbus::connection::Builder::address(w.bus.address.as_str())
         .unwrap()
         .build()
@@ -56,14 +72,69 @@ async fn gpu0(w: &World) -> (String, u64) {
     let node = ipc::proxy::NodeProxy::new(&conn).await.unwrap();
     for path in node.gpus().await.unwrap() {
         let gpu = ipc::proxy::read_gpu(&conn, &path.as_ref()).await.unwrap();
-        if gpu.published_id == w.gpus[0].id {
+        if gpu.published_id == w.gpus[index].id {
             let part = ipc::proxy::read_partition(&conn, &gpu.partitions[0].as_ref())
                 .await
                 .unwrap();
             return (gpu.bdf, part.gpu_id);
         }
     }
-    panic!("no GPU {}", w.gpus[0].id);
+    panic!("no GPU {}", w.gpus[index].id);
+}
+
+/// The fake AMD SMI reports 5000 MiB used and 17 % activity on every GPU
+/// but the last by PCI address (which it answers `NOT_SUPPORTED` for);
+/// sysfs says otherwise on both GPUs looked at.
+async fn amdsmi_scenario() {
+    let setup = Setup {
+        fixture: "mi300x-8-spx",
+        devices: 80,
+        gpud_args: &[],
+        plugin_args: &[],
+        prepare: &|_| {},
+    };
+    let w = world_with_amdsmi(&setup, &|smi| {
+        let mut processors: Vec<&mut serde_json::Value> = smi["sockets"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .flat_map(|s| s["processors"].as_array_mut().unwrap().iter_mut())
+            .collect();
+        processors.sort_by_key(|p| p["bdf"].as_str().unwrap().to_owned());
+        let last = processors.last().unwrap()["bdf"].clone();
+        for p in processors.into_iter().filter(|p| p["bdf"] != last) {
+            p["gfx_activity"] = 17.into();
+            p["vram_used_mib"] = 5000.into();
+        }
+    })
+    .await;
+    let last = w.gpus.len() - 1;
+    let ((bdf0, _), (bdf_last, _)) = (gpu_at(&w, 0).await, gpu_at(&w, last).await);
+    for (bdf, gib, busy) in [(&bdf0, 9u64, "63"), (&bdf_last, 7, "41")] {
+        let pci = w.root().join(format!("sys/bus/pci/devices/{bdf}"));
+        write(&pci.join("mem_info_vram_used"), &format!("{}\n", gib << 30));
+        write(&pci.join("gpu_busy_percent"), &format!("{busy}\n"));
+    }
+    let host = |index: usize| {
+        [
+            ("device_uuid", w.gpus[index].id.clone()),
+            ("node", common::world::NODE.to_owned()),
+            ("device_index", index.to_string()),
+        ]
+    };
+    let figures = |s: &Scrape, index: usize| {
+        let labels = host(index);
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        (
+            value(s, "hami_host_gpu_memory_used_bytes", &labels),
+            value(s, "hami_host_gpu_utilization_ratio", &labels),
+        )
+    };
+    let want = |s: &Scrape| {
+        figures(s, 0) == (Some(5000.0 * 1_048_576.0), Some(17.0))
+            && figures(s, last) == (Some(7.0 * 1_073_741_824.0), Some(41.0))
+    };
+    until(&w, want).await;
 }
 
 async fn scenario() {

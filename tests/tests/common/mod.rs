@@ -189,11 +189,16 @@ pub fn can_run_bus_tests() -> bool {
 
 /// The builder fixture `name` with DRM/PCI sysfs and no AMD SMI, on tmpfs.
 pub fn build_fixture(name: &str) -> tempfile::TempDir {
+    build_fixture_with(name, None)
+}
+
+/// As [`build_fixture`], with the fake AMD SMI's fixture for ABI `amdsmi_abi`.
+pub fn build_fixture_with(name: &str, amdsmi_abi: Option<&str>) -> tempfile::TempDir {
     let root = tests::fixture::scratch_dir().unwrap();
     let spec = tests::fixture::named(name).unwrap();
     let options = tests::fixture::BuildOptions {
         drm: true,
-        amdsmi_abi: None,
+        amdsmi_abi: amdsmi_abi.map(str::to_owned),
     };
     tests::fixture::build(&spec, root.path(), &options).unwrap();
     root

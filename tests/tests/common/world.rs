@@ -2,7 +2,10 @@
 //! the plugin with the real kube-rs client against the fake API server, the
 //! fake kubelet, and HAMi's scheduler emulated.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use serde_json::{Value, json};
 use tests::{
@@ -130,6 +133,8 @@ pub struct World {
     pub gpud_args: Vec<String>,
     /// Where the plugin serves /metrics, /healthz and /readyz.
     pub metrics: std::net::SocketAddr,
+    /// The fake AMD SMI library's fixture amd-gpud reads, if it does.
+    pub amdsmi: Option<PathBuf>,
     _keep: (tempfile::TempDir, stack::Process),
 }
 
@@ -150,9 +155,12 @@ impl World {
         self.plugin.kill();
         self._keep.1.kill();
         let args: Vec<&str> = self.gpud_args.iter().map(String::as_str).collect();
-        let fake_node = super::fake_node_exe();
-        self._keep.1 =
-            stack::gpud_with(&fake_node, &self.bus, self._keep.0.path(), 0, &args).unwrap();
+        self._keep.1 = start_gpud(
+            &self.bus,
+            self._keep.0.path(),
+            self.amdsmi.as_deref(),
+            &args,
+        );
         self.restart_plugin().await;
     }
 
@@ -222,11 +230,43 @@ pub struct Setup<'a> {
 /// The stack as `setup` says.
 pub async fn world_with(setup: &Setup<'_>) -> World {
     let root = super::build_fixture(setup.fixture);
+    start_world(setup, root, None).await
+}
+
+/// As [`world_with`], amd-gpud loading the fake AMD SMI library (ABI 7.0),
+/// whose fixture `smi` may change first.
+pub async fn world_with_amdsmi(setup: &Setup<'_>, smi: &dyn Fn(&mut Value)) -> World {
+    let root = super::build_fixture_with(setup.fixture, Some("7.0"));
+    let path = root.path().join(tests::fixture::FIXTURE_FILE);
+    let mut fixture: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    smi(&mut fixture);
+    std::fs::write(&path, serde_json::to_vec_pretty(&fixture).unwrap()).unwrap();
+    start_world(setup, root, Some(path)).await
+}
+
+/// amd-gpud on `root`, with the fake AMD SMI reading `amdsmi` if given.
+fn start_gpud(
+    bus: &PrivateBus,
+    root: &Path,
+    amdsmi: Option<&Path>,
+    args: &[&str],
+) -> stack::Process {
+    let fake_node = super::fake_node_exe();
+    match amdsmi {
+        None => stack::gpud_with(&fake_node, bus, root, 0, args).unwrap(),
+        Some(fixture) => {
+            let library = tests::fake_amdsmi::library_for("7.0");
+            stack::gpud_with_amdsmi_and(&fake_node, bus, root, (library, fixture), args).unwrap()
+        }
+    }
+}
+
+async fn start_world(setup: &Setup<'_>, root: tempfile::TempDir, amdsmi: Option<PathBuf>) -> World {
     (setup.prepare)(root.path());
     let hook_dir = install_hook(root.path());
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
     let fake_node = super::fake_node_exe();
-    let gpud = stack::gpud_with(&fake_node, &bus, root.path(), 0, setup.gpud_args).unwrap();
+    let gpud = start_gpud(&bus, root.path(), amdsmi.as_deref(), setup.gpud_args);
     let api = FakeApiServer::start().unwrap();
     api.put_node(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     let kubeconfig = api.kubeconfig(root.path()).display().to_string();
@@ -262,6 +302,7 @@ pub async fn world_with(setup: &Setup<'_>) -> World {
         extra,
         gpud_args: setup.gpud_args.iter().map(ToString::to_string).collect(),
         metrics,
+        amdsmi,
         _keep: (root, gpud),
     }
 }
