@@ -236,5 +236,4 @@ fn write(path: &Path, entries: &[Entry]) -> Result<(), IdsError> {
 }
 
 #[cfg(test)]
-#[path = "published_ids_tests.rs"]
 mod tests;

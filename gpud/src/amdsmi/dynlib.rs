@@ -543,9 +543,7 @@ impl Drop for Session<'_> {
     }
 }
 
-#[path = "dynlib_usage.rs"]
 pub mod usage;
 
 #[cfg(test)]
-#[path = "dynlib_tests.rs"]
 mod tests;

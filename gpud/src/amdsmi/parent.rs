@@ -349,5 +349,4 @@ pub fn signal_name(signal: i32) -> String {
 }
 
 #[cfg(test)]
-#[path = "parent_tests.rs"]
 mod tests;

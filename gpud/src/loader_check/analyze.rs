@@ -195,5 +195,4 @@ pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, Loader), InspectError
 }
 
 #[cfg(test)]
-#[path = "analyze_tests.rs"]
 mod tests;

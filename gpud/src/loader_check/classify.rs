@@ -342,5 +342,4 @@ fn glibc(tree: &Tree, evidence: String) -> (Loader, String) {
 }
 
 #[cfg(test)]
-#[path = "classify_tests.rs"]
 mod tests;

@@ -434,5 +434,4 @@ fn string_at(strings: &[u8], offset: u32) -> Result<String, ElfError> {
 }
 
 #[cfg(test)]
-#[path = "elf_tests.rs"]
 mod tests;

@@ -450,5 +450,4 @@ pub(crate) fn kind_of(prefix: &[u8]) -> FileKind {
 }
 
 #[cfg(test)]
-#[path = "layers_tests.rs"]
 mod tests;
