@@ -1,7 +1,8 @@
 //! The D-Bus contract between `amd-gpud` and `amd-device-plugin`.
 //!
 //! This crate depends on nothing else in the workspace: the names both sides
-//! agree on ([`names`]), the types that cross the bus ([`types`]), the typed
+//! agree on ([`names`]), the types that cross the bus ([`types`], the GPU and
+//! partition properties each declared once in a table, [`table`]), the typed
 //! error every method returns ([`Error`]), and the client proxies the plugin
 //! uses ([`proxy`]). `ipc/interface.xml` is the introspection of every
 //! interface; a test in `tests/` fails when what the daemon serves differs.
@@ -11,6 +12,7 @@
 pub mod error;
 pub mod names;
 pub mod proxy;
+pub mod table;
 pub mod types;
 pub mod usage;
 

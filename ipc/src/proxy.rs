@@ -8,7 +8,7 @@ use zbus::{Connection, fdo::PropertiesProxy, names::InterfaceName, proxy, zvaria
 use crate::{
     ApiError,
     names::{GPU_INTERFACE, PARTITION_INTERFACE},
-    types::{GpuInfo, Link, PartitionInfo},
+    types::{GpuInfo, PartitionInfo},
 };
 
 /// The node object: `io.hami.AmdGpu1.Node` at `/io/hami/AmdGpu1`.
@@ -146,88 +146,8 @@ pub trait Node {
     fn health_held(&self) -> zbus::Result<u32>;
 }
 
-/// A GPU object: `io.hami.AmdGpu1.Gpu`.
-#[proxy(interface = "io.hami.AmdGpu1.Gpu", default_service = "io.hami.AmdGpu1")]
-pub trait Gpu {
-    #[zbus(property)]
-    fn bdf(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn rocr_uuid(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn unique_id(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn gfx(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn compute_units(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn cus_per_wgp(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn vram_bytes(&self) -> zbus::Result<u64>;
-    #[zbus(property)]
-    fn numa_node(&self) -> zbus::Result<i32>;
-    #[zbus(property)]
-    fn market_name(&self) -> zbus::Result<String>;
-    #[zbus(property, name = "AmdSmiUuid")]
-    fn amdsmi_uuid(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn published_id(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn vendor_id(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn device_id(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn compute_partition(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn memory_partition(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn available_compute_partitions(&self) -> zbus::Result<Vec<String>>;
-    #[zbus(property)]
-    fn health(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn health_reason(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn partitions(&self) -> zbus::Result<Vec<zbus::zvariant::OwnedObjectPath>>;
-    #[zbus(property)]
-    fn links(&self) -> zbus::Result<Vec<Link>>;
-}
-
-/// A partition object: `io.hami.AmdGpu1.Partition`.
-#[proxy(
-    interface = "io.hami.AmdGpu1.Partition",
-    default_service = "io.hami.AmdGpu1"
-)]
-pub trait Partition {
-    #[zbus(property)]
-    fn index(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn kfd_node(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn gpu_id(&self) -> zbus::Result<u64>;
-    #[zbus(property)]
-    fn render_minor(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn card_minor(&self) -> zbus::Result<i32>;
-    #[zbus(property)]
-    fn bdf(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn compute_units(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn num_xcc(&self) -> zbus::Result<u32>;
-    #[zbus(property)]
-    fn vram_bytes(&self) -> zbus::Result<u64>;
-    #[zbus(property)]
-    fn xcp(&self) -> zbus::Result<i32>;
-    #[zbus(property)]
-    fn gpu(&self) -> zbus::Result<zbus::zvariant::OwnedObjectPath>;
-    #[zbus(property)]
-    fn health(&self) -> zbus::Result<String>;
-    #[zbus(property)]
-    fn restore_props(&self) -> zbus::Result<std::collections::HashMap<String, u64>>;
-    #[zbus(property)]
-    fn restore_links(&self) -> zbus::Result<Vec<crate::types::RestoreLink>>;
-    #[zbus(property)]
-    fn health_reason(&self) -> zbus::Result<String>;
-}
+crate::gpu_properties!(proxy);
+crate::partition_properties!(proxy);
 
 async fn get_all(
     conn: &Connection,

@@ -1,14 +1,17 @@
 //! Values that cross the bus, and typed snapshots of the objects' properties.
-
-use std::collections::{BTreeMap, HashMap};
+//!
+//! The GPU and partition properties are declared once each, in a table
+//! macro ([`gpu_properties!`](crate::gpu_properties),
+//! [`partition_properties!`](crate::partition_properties)): the snapshot
+//! structs, their `GetAll` decoding and `PropertiesChanged` values, the
+//! client proxies and amd-gpud's served getters are all expanded from it
+//! (see [`crate::table`]).
 
 use serde::{Deserialize, Serialize};
-use zbus::zvariant::{Dict, OwnedObjectPath, OwnedValue, Type, Value};
+use zbus::zvariant::{Type, Value};
 
 /// A property name with its value, as `GetAll` and `PropertiesChanged` carry it.
 pub type Property = (&'static str, Value<'static>);
-
-use crate::ApiError;
 
 /// A link from one GPU to another (`(ssstu)`).
 #[derive(
@@ -56,215 +59,122 @@ pub struct RestoreLink {
     pub node_to: u32,
 }
 
-/// Every property of a GPU object, read in one `GetAll`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuInfo {
-    pub bdf: String,
-    /// `GPU-<16 hex digits>`; empty when the GPU has no unique id.
-    pub rocr_uuid: String,
-    /// KFD `unique_id` in decimal.
-    pub unique_id: String,
-    /// `gfx942`, ...; empty when unknown.
-    pub gfx: String,
-    pub compute_units: u32,
-    pub cus_per_wgp: u32,
-    pub vram_bytes: u64,
-    /// -1 when unknown.
-    pub numa_node: i32,
-    pub market_name: String,
-    pub amdsmi_uuid: String,
-    /// The ID the GPU is published under, kept across AMD SMI failures and
-    /// restarts; empty from an amd-gpud too old to say.
-    pub published_id: String,
-    pub vendor_id: u32,
-    pub device_id: u32,
-    /// Empty when the GPU has no compute partitions.
-    pub compute_partition: String,
-    pub memory_partition: String,
-    pub available_compute_partitions: Vec<String>,
-    /// [`HEALTHY`](crate::HEALTHY), [`UNHEALTHY`](crate::UNHEALTHY) or
-    /// [`MISSING`](crate::MISSING).
-    pub health: String,
-    /// Why the GPU is not healthy (set when it went out); empty while healthy.
-    pub health_reason: String,
-    pub partitions: Vec<OwnedObjectPath>,
-    pub links: Vec<Link>,
-    /// The compute-partition profiles the GPU offers; empty when it has none.
-    pub partition_profiles: Vec<PartitionProfile>,
+/// The GPU object's properties, one entry each (see [`crate::table`]):
+/// `ipc::gpu_properties!(info)` is [`GpuInfo`], `(proxy)` is
+/// `proxy::GpuProxy`, `(serve Object view)` amd-gpud's object.
+#[macro_export]
+macro_rules! gpu_properties {
+    ($($mode:tt)*) => { $crate::__properties! { @norm [$($mode)*] [
+        /// Every property of a GPU object, read in one `GetAll`.
+        GpuInfo "io.hami.AmdGpu1.Gpu" Gpu
+    ] []
+        /// PCI address of the physical GPU.
+        bdf: String = "Bdf",
+        /// ROCr's `GPU-<16 hex digits>`; empty when the GPU has no unique id.
+        rocr_uuid: String = "RocrUuid",
+        /// KFD `unique_id`, decimal.
+        unique_id: String = "UniqueId",
+        /// gfx target (`gfx942`); empty when unknown.
+        gfx: String = "Gfx",
+        /// Active compute units of the whole GPU.
+        compute_units: u32 = "ComputeUnits",
+        /// 2 from gfx10 on (CU masks must keep pairs), else 1.
+        cus_per_wgp: u32 = "CusPerWgp",
+        /// VRAM of the whole GPU in bytes; 0 when unknown.
+        vram_bytes: u64 = "VramBytes",
+        /// NUMA node; -1 when unknown.
+        numa_node: i32 = "NumaNode",
+        /// Market name from AMD SMI; empty without it.
+        market_name: String = "MarketName",
+        /// AMD SMI's device UUID (an opaque label); empty without it.
+        amdsmi_uuid: String = "AmdSmiUuid",
+        /// The ID the GPU is published under: chosen the first time amd-gpud
+        /// saw it and kept across AMD SMI failures and restarts.
+        published_id: String = "PublishedId" [newer],
+        /// PCI vendor id (0x1002).
+        vendor_id: u32 = "VendorId",
+        /// PCI device id.
+        device_id: u32 = "DeviceId",
+        /// Current compute partition mode (`SPX`, `CPX`, ...); empty when none.
+        compute_partition: String = "ComputePartition",
+        /// Current memory partition mode (`NPS1`, ...); empty when none.
+        memory_partition: String = "MemoryPartition",
+        /// Compute partition modes the GPU offers in its memory mode.
+        available_compute_partitions: Vec<String> = "AvailableComputePartitions",
+        /// `Healthy`, `Unhealthy` or `Missing` (a GPU is unhealthy when one of
+        /// its partitions fails its probes).
+        health: String = "Health",
+        /// Why the GPU is not healthy, as found when it went out of service;
+        /// empty while healthy.
+        health_reason: String = "HealthReason",
+        /// Partition objects of this GPU, by index.
+        partitions: Vec<::zbus::zvariant::OwnedObjectPath> = "Partitions",
+        /// Links to the other GPUs: (peer, type, via, weight, hops).
+        links: Vec<$crate::types::Link> = "Links",
+        /// Compute-partition profiles the GPU offers in its memory mode: (index,
+        /// mode, memory modes, partitions, XCCs per partition); empty without
+        /// compute partitions.
+        partition_profiles: Vec<$crate::types::PartitionProfile> = "PartitionProfiles",
+    } };
 }
 
-/// Every property of a partition object.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PartitionInfo {
-    pub index: u32,
-    pub kfd_node: u32,
-    /// 0 when unknown.
-    pub gpu_id: u64,
-    /// 0 when the partition has no render node.
-    pub render_minor: u32,
-    /// -1 when unknown.
-    pub card_minor: i32,
-    pub bdf: String,
-    pub compute_units: u32,
-    pub num_xcc: u32,
-    pub vram_bytes: u64,
-    /// XCP platform device number; -1 when served by the PCI function.
-    pub xcp: i32,
-    pub gpu: OwnedObjectPath,
-    pub health: String,
-    /// What CRIU's amdgpu plugin compares at restore, by KFD property name
-    /// (`fw_version`, `capability`, `vram_size`, `vram_public` as 0/1, ...).
-    pub restore_props: BTreeMap<String, u64>,
-    /// The node's PCIe and XGMI io links, as CRIU reads them.
-    pub restore_links: Vec<RestoreLink>,
-    /// Why the partition is not healthy; empty while healthy.
-    pub health_reason: String,
+/// The partition object's properties, one entry each (see
+/// [`crate::table`] and [`gpu_properties!`](crate::gpu_properties)).
+#[macro_export]
+macro_rules! partition_properties {
+    ($($mode:tt)*) => { $crate::__properties! { @norm [$($mode)*] [
+        /// Every property of a partition object.
+        PartitionInfo "io.hami.AmdGpu1.Partition" Partition
+    ] []
+        /// Partition index within its GPU (0 when unpartitioned).
+        index: u32 = "Index",
+        /// KFD topology node index.
+        kfd_node: u32 = "KfdNode",
+        /// KFD `gpu_id`; 0 when unknown.
+        gpu_id: u64 = "GpuId",
+        /// DRM render minor (`/dev/dri/renderD<N>`); 0 when none.
+        render_minor: u32 = "RenderMinor",
+        /// DRM card minor; -1 when unknown.
+        card_minor: i32 = "CardMinor",
+        /// PCI address from KFD `location_id` (the function carries the index).
+        bdf: String = "Bdf",
+        /// Active compute units of this partition.
+        compute_units: u32 = "ComputeUnits",
+        /// XCCs in this partition.
+        num_xcc: u32 = "NumXcc",
+        /// VRAM of this partition in bytes.
+        vram_bytes: u64 = "VramBytes",
+        /// XCP platform device serving the render node; -1 for the PCI function.
+        xcp: i32 = "Xcp",
+        /// The GPU object this partition belongs to.
+        gpu: ::zbus::zvariant::OwnedObjectPath = "Gpu",
+        /// `Healthy`, `Unhealthy` or `Missing`.
+        health: String = "Health",
+        /// What CRIU's amdgpu plugin compares when it restores a checkpoint onto
+        /// this KFD node, by KFD property name: fw_version, sdma_fw_version,
+        /// caches_count, num_gws, vram_size and capability (relaxed by the
+        /// KFD_*_CHECK options), the values always compared for equality
+        /// (vram_public as 0/1), and domain, drm_render_minor, hive_id (saved,
+        /// not compared).
+        restore_props: ::std::collections::BTreeMap<String, u64>
+            as ::std::collections::HashMap<String, u64> = "RestoreProps",
+        /// The node's PCIe and XGMI io links as CRIU reads them: (type, node_to).
+        restore_links: Vec<$crate::types::RestoreLink> = "RestoreLinks",
+        /// Why the partition is not healthy, as found when it went out of
+        /// service; empty while healthy.
+        health_reason: String = "HealthReason",
+    } };
 }
 
-/// Reads property `name` of type `T` out of a `GetAll` answer.
-fn take<T>(props: &mut HashMap<String, OwnedValue>, name: &str) -> Result<T, ApiError>
-where
-    T: TryFrom<OwnedValue>,
-    T::Error: std::fmt::Display,
-{
-    let value = props
-        .remove(name)
-        .ok_or_else(|| ApiError::Failed(format!("property {name} is missing")))?;
-    T::try_from(value).map_err(|e| ApiError::Failed(format!("property {name}: {e}")))
-}
-
-/// As [`take`], for a property an older amd-gpud does not have: absent is
-/// the default, mistyped is still an error.
-fn take_newer<T>(props: &mut HashMap<String, OwnedValue>, name: &str) -> Result<T, ApiError>
-where
-    T: TryFrom<OwnedValue> + Default,
-    T::Error: std::fmt::Display,
-{
-    if props.contains_key(name) {
-        take(props, name)
-    } else {
-        Ok(T::default())
-    }
-}
-
-impl GpuInfo {
-    /// Every property with its wire name, in `GetAll` order (the inverse of
-    /// [`GpuInfo::from_properties`]).
-    pub fn to_properties(&self) -> Vec<Property> {
-        vec![
-            ("Bdf", self.bdf.clone().into()),
-            ("RocrUuid", self.rocr_uuid.clone().into()),
-            ("UniqueId", self.unique_id.clone().into()),
-            ("Gfx", self.gfx.clone().into()),
-            ("ComputeUnits", self.compute_units.into()),
-            ("CusPerWgp", self.cus_per_wgp.into()),
-            ("VramBytes", self.vram_bytes.into()),
-            ("NumaNode", self.numa_node.into()),
-            ("MarketName", self.market_name.clone().into()),
-            ("AmdSmiUuid", self.amdsmi_uuid.clone().into()),
-            ("PublishedId", self.published_id.clone().into()),
-            ("VendorId", self.vendor_id.into()),
-            ("DeviceId", self.device_id.into()),
-            ("ComputePartition", self.compute_partition.clone().into()),
-            ("MemoryPartition", self.memory_partition.clone().into()),
-            (
-                "AvailableComputePartitions",
-                self.available_compute_partitions.clone().into(),
-            ),
-            ("Health", self.health.clone().into()),
-            ("HealthReason", self.health_reason.clone().into()),
-            ("Partitions", self.partitions.clone().into()),
-            ("Links", self.links.clone().into()),
-            ("PartitionProfiles", self.partition_profiles.clone().into()),
-        ]
-    }
-
-    /// Decodes a `GetAll("io.hami.AmdGpu1.Gpu")` answer.
-    ///
-    /// # Errors
-    /// [`ApiError::Failed`] naming the property that is missing or mistyped.
-    pub fn from_properties(mut p: HashMap<String, OwnedValue>) -> Result<Self, ApiError> {
-        Ok(Self {
-            bdf: take(&mut p, "Bdf")?,
-            rocr_uuid: take(&mut p, "RocrUuid")?,
-            unique_id: take(&mut p, "UniqueId")?,
-            gfx: take(&mut p, "Gfx")?,
-            compute_units: take(&mut p, "ComputeUnits")?,
-            cus_per_wgp: take(&mut p, "CusPerWgp")?,
-            vram_bytes: take(&mut p, "VramBytes")?,
-            numa_node: take(&mut p, "NumaNode")?,
-            market_name: take(&mut p, "MarketName")?,
-            amdsmi_uuid: take(&mut p, "AmdSmiUuid")?,
-            published_id: take_newer(&mut p, "PublishedId")?,
-            vendor_id: take(&mut p, "VendorId")?,
-            device_id: take(&mut p, "DeviceId")?,
-            compute_partition: take(&mut p, "ComputePartition")?,
-            memory_partition: take(&mut p, "MemoryPartition")?,
-            available_compute_partitions: take(&mut p, "AvailableComputePartitions")?,
-            health: take(&mut p, "Health")?,
-            health_reason: take(&mut p, "HealthReason")?,
-            partitions: take(&mut p, "Partitions")?,
-            links: take(&mut p, "Links")?,
-            partition_profiles: take(&mut p, "PartitionProfiles")?,
-        })
-    }
-}
-
-impl PartitionInfo {
-    /// Every property with its wire name (the inverse of
-    /// [`PartitionInfo::from_properties`]).
-    pub fn to_properties(&self) -> Vec<Property> {
-        vec![
-            ("Index", self.index.into()),
-            ("KfdNode", self.kfd_node.into()),
-            ("GpuId", self.gpu_id.into()),
-            ("RenderMinor", self.render_minor.into()),
-            ("CardMinor", self.card_minor.into()),
-            ("Bdf", self.bdf.clone().into()),
-            ("ComputeUnits", self.compute_units.into()),
-            ("NumXcc", self.num_xcc.into()),
-            ("VramBytes", self.vram_bytes.into()),
-            ("Xcp", self.xcp.into()),
-            ("Gpu", self.gpu.clone().into()),
-            ("Health", self.health.clone().into()),
-            (
-                "RestoreProps",
-                Value::from(Dict::from(self.restore_props.clone())),
-            ),
-            ("RestoreLinks", self.restore_links.clone().into()),
-            ("HealthReason", self.health_reason.clone().into()),
-        ]
-    }
-
-    /// Decodes a `GetAll("io.hami.AmdGpu1.Partition")` answer.
-    ///
-    /// # Errors
-    /// [`ApiError::Failed`] naming the property that is missing or mistyped.
-    pub fn from_properties(mut p: HashMap<String, OwnedValue>) -> Result<Self, ApiError> {
-        Ok(Self {
-            index: take(&mut p, "Index")?,
-            kfd_node: take(&mut p, "KfdNode")?,
-            gpu_id: take(&mut p, "GpuId")?,
-            render_minor: take(&mut p, "RenderMinor")?,
-            card_minor: take(&mut p, "CardMinor")?,
-            bdf: take(&mut p, "Bdf")?,
-            compute_units: take(&mut p, "ComputeUnits")?,
-            num_xcc: take(&mut p, "NumXcc")?,
-            vram_bytes: take(&mut p, "VramBytes")?,
-            xcp: take(&mut p, "Xcp")?,
-            gpu: take(&mut p, "Gpu")?,
-            health: take(&mut p, "Health")?,
-            restore_props: take::<HashMap<String, u64>>(&mut p, "RestoreProps")?
-                .into_iter()
-                .collect(),
-            restore_links: take(&mut p, "RestoreLinks")?,
-            health_reason: take(&mut p, "HealthReason")?,
-        })
-    }
-}
+crate::gpu_properties!(info);
+crate::partition_properties!(info);
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
+    use zbus::zvariant::OwnedValue;
+
     use super::*;
 
     fn owned(props: Vec<Property>) -> HashMap<String, OwnedValue> {
@@ -313,6 +223,15 @@ mod tests {
         };
         let mut props = owned(gpu.to_properties());
         assert_eq!(GpuInfo::from_properties(props.clone()).unwrap(), gpu);
+        let names: Vec<&str> = gpu.to_properties().iter().map(|p| p.0).collect();
+        assert_eq!(names, GpuInfo::PROPERTY_NAMES);
+        // A [newer] property may be absent (an older amd-gpud), not mistyped.
+        let mut older = props.clone();
+        older.remove("PublishedId");
+        assert_eq!(GpuInfo::from_properties(older).unwrap().published_id, "");
+        let mut mistyped = props.clone();
+        mistyped.insert("PublishedId".into(), OwnedValue::from(7_u32));
+        assert!(GpuInfo::from_properties(mistyped).is_err());
         props.remove("Links");
         let err = GpuInfo::from_properties(props).unwrap_err();
         assert!(err.to_string().contains("Links"), "{err}");

@@ -14,7 +14,6 @@ mod node;
 mod objects;
 mod publish;
 mod switch;
-mod usage;
 mod views;
 mod vram;
 
@@ -134,7 +133,7 @@ fn node_object(
         dmem,
         allowed_uids: Arc::from(config.allowed_uids.as_slice()),
         health,
-        usage: Arc::new(usage::UsageState::new(
+        usage: Arc::new(crate::usage::reader::UsageReader::new(
             config.paths.clone(),
             config.dmem.clone(),
             config.amdsmi.clone(),

@@ -20,13 +20,14 @@ use zbus::{
     zvariant::{ObjectPath, OwnedObjectPath},
 };
 
-use super::{auth, switch, usage, vram};
+use super::{auth, switch, vram};
 use crate::{
     HostPaths,
     dmem::Dmem,
     health::Stats,
     restore_check,
     service::{Handle, Origin, Snapshot},
+    usage::reader::{self, UsageReader},
 };
 
 /// `io.hami.AmdGpu1.Node` on `/io/hami/AmdGpu1`.
@@ -44,7 +45,7 @@ pub struct NodeObject {
     /// Seconds between health pulses; 0 when off.
     pub health_pulse: u32,
     /// `GetUsage`'s cache and read gate.
-    pub usage: Arc<usage::UsageState>,
+    pub usage: Arc<UsageReader>,
     /// Where `RestoreCheck` reads the host.
     pub paths: HostPaths,
 }
@@ -193,10 +194,14 @@ impl NodeObject {
             let uid = uid?;
             auth::check(uid, &self.allowed_uids, "GetUsage")
                 .inspect_err(|e| tracing::warn!("{e}"))?;
-            let targets = usage::targets(&self.snapshot().registry);
-            usage::get(&self.usage, targets)
+            let targets = reader::targets(&self.snapshot().registry);
+            let reading = self
+                .usage
+                .get(targets)
                 .await
-                .map_err(|e| auth::for_caller(uid, e))
+                .map_err(|e| auth::for_caller(uid, ApiError::Failed(e.to_string())))?;
+            let u = &reading.usage;
+            Ok((u.containers.clone(), u.dmem.clone(), u.gpus.clone()))
         }
         .instrument(span)
         .await

@@ -1,9 +1,7 @@
-//! The GPU and partition objects: read-only properties over a view.
-
-use std::collections::HashMap;
-
-use ipc::types::{Link, RestoreLink};
-use zbus::{interface, zvariant::OwnedObjectPath};
+//! The GPU and partition objects: read-only properties over a view. Their
+//! `#[zbus::interface]` impls are generated from ipc's property tables
+//! (`ipc::gpu_properties!`, `ipc::partition_properties!`), so each property
+//! is declared once, there: its doc, name, type and value.
 
 use super::views::{GpuView, PartitionView};
 
@@ -12,208 +10,102 @@ pub struct GpuObject {
     pub view: GpuView,
 }
 
-#[interface(name = "io.hami.AmdGpu1.Gpu")]
-impl GpuObject {
-    /// PCI address of the physical GPU.
-    #[zbus(property)]
-    fn bdf(&self) -> String {
-        self.view.bdf.clone()
-    }
-    /// ROCr's `GPU-<16 hex digits>`; empty when the GPU has no unique id.
-    #[zbus(property)]
-    fn rocr_uuid(&self) -> String {
-        self.view.rocr_uuid.clone()
-    }
-    /// KFD `unique_id`, decimal.
-    #[zbus(property)]
-    fn unique_id(&self) -> String {
-        self.view.unique_id.clone()
-    }
-    /// gfx target (`gfx942`); empty when unknown.
-    #[zbus(property)]
-    fn gfx(&self) -> String {
-        self.view.gfx.clone()
-    }
-    /// Active compute units of the whole GPU.
-    #[zbus(property)]
-    fn compute_units(&self) -> u32 {
-        self.view.compute_units
-    }
-    /// 2 from gfx10 on (CU masks must keep pairs), else 1.
-    #[zbus(property)]
-    fn cus_per_wgp(&self) -> u32 {
-        self.view.cus_per_wgp
-    }
-    /// VRAM of the whole GPU in bytes; 0 when unknown.
-    #[zbus(property)]
-    fn vram_bytes(&self) -> u64 {
-        self.view.vram_bytes
-    }
-    /// NUMA node; -1 when unknown.
-    #[zbus(property)]
-    fn numa_node(&self) -> i32 {
-        self.view.numa_node
-    }
-    /// Market name from AMD SMI; empty without it.
-    #[zbus(property)]
-    fn market_name(&self) -> String {
-        self.view.market_name.clone()
-    }
-    /// AMD SMI's device UUID (an opaque label); empty without it.
-    #[zbus(property, name = "AmdSmiUuid")]
-    fn amdsmi_uuid(&self) -> String {
-        self.view.amdsmi_uuid.clone()
-    }
-    /// The ID the GPU is published under: chosen the first time amd-gpud
-    /// saw it and kept across AMD SMI failures and restarts.
-    #[zbus(property)]
-    fn published_id(&self) -> String {
-        self.view.published_id.clone()
-    }
-    /// PCI vendor id (0x1002).
-    #[zbus(property)]
-    fn vendor_id(&self) -> u32 {
-        self.view.vendor_id
-    }
-    /// PCI device id.
-    #[zbus(property)]
-    fn device_id(&self) -> u32 {
-        self.view.device_id
-    }
-    /// Current compute partition mode (`SPX`, `CPX`, ...); empty when none.
-    #[zbus(property)]
-    fn compute_partition(&self) -> String {
-        self.view.compute_partition.clone()
-    }
-    /// Current memory partition mode (`NPS1`, ...); empty when none.
-    #[zbus(property)]
-    fn memory_partition(&self) -> String {
-        self.view.memory_partition.clone()
-    }
-    /// Compute partition modes the GPU offers in its memory mode.
-    #[zbus(property)]
-    fn available_compute_partitions(&self) -> Vec<String> {
-        self.view.available_compute_partitions.clone()
-    }
-    /// `Healthy`, `Unhealthy` or `Missing` (a GPU is unhealthy when one of
-    /// its partitions fails its probes).
-    #[zbus(property)]
-    fn health(&self) -> String {
-        self.view.health.clone()
-    }
-    /// Why the GPU is not healthy, as found when it went out of service;
-    /// empty while healthy.
-    #[zbus(property)]
-    fn health_reason(&self) -> String {
-        self.view.health_reason.clone()
-    }
-    /// Partition objects of this GPU, by index.
-    #[zbus(property)]
-    fn partitions(&self) -> Vec<OwnedObjectPath> {
-        self.view.partitions.clone()
-    }
-    /// Links to the other GPUs: (peer, type, via, weight, hops).
-    #[zbus(property)]
-    fn links(&self) -> Vec<Link> {
-        self.view.links.clone()
-    }
-
-    /// Compute-partition profiles the GPU offers in its memory mode: (index,
-    /// mode, memory modes, partitions, XCCs per partition); empty without
-    /// compute partitions.
-    #[zbus(property)]
-    fn partition_profiles(&self) -> Vec<ipc::types::PartitionProfile> {
-        self.view.partition_profiles.clone()
-    }
-}
+ipc::gpu_properties!(serve GpuObject view);
 
 /// `io.hami.AmdGpu1.Partition` on `/io/hami/AmdGpu1/gpu/<bdf>/partition/<n>`.
 pub struct PartitionObject {
     pub view: PartitionView,
 }
 
-#[interface(name = "io.hami.AmdGpu1.Partition")]
-impl PartitionObject {
-    /// Partition index within its GPU (0 when unpartitioned).
-    #[zbus(property)]
-    fn index(&self) -> u32 {
-        self.view.index
-    }
-    /// KFD topology node index.
-    #[zbus(property)]
-    fn kfd_node(&self) -> u32 {
-        self.view.kfd_node
-    }
-    /// KFD `gpu_id`; 0 when unknown.
-    #[zbus(property)]
-    fn gpu_id(&self) -> u64 {
-        self.view.gpu_id
-    }
-    /// DRM render minor (`/dev/dri/renderD<N>`); 0 when none.
-    #[zbus(property)]
-    fn render_minor(&self) -> u32 {
-        self.view.render_minor
-    }
-    /// DRM card minor; -1 when unknown.
-    #[zbus(property)]
-    fn card_minor(&self) -> i32 {
-        self.view.card_minor
-    }
-    /// PCI address from KFD `location_id` (the function carries the index).
-    #[zbus(property)]
-    fn bdf(&self) -> String {
-        self.view.bdf.clone()
-    }
-    /// Active compute units of this partition.
-    #[zbus(property)]
-    fn compute_units(&self) -> u32 {
-        self.view.compute_units
-    }
-    /// XCCs in this partition.
-    #[zbus(property)]
-    fn num_xcc(&self) -> u32 {
-        self.view.num_xcc
-    }
-    /// VRAM of this partition in bytes.
-    #[zbus(property)]
-    fn vram_bytes(&self) -> u64 {
-        self.view.vram_bytes
-    }
-    /// XCP platform device serving the render node; -1 for the PCI function.
-    #[zbus(property)]
-    fn xcp(&self) -> i32 {
-        self.view.xcp
-    }
-    /// The GPU object this partition belongs to.
-    #[zbus(property)]
-    fn gpu(&self) -> OwnedObjectPath {
-        self.view.gpu.clone()
-    }
-    /// `Healthy`, `Unhealthy` or `Missing`.
-    #[zbus(property)]
-    fn health(&self) -> String {
-        self.view.health.clone()
-    }
-    /// What CRIU's amdgpu plugin compares when it restores a checkpoint onto
-    /// this KFD node, by KFD property name: fw_version, sdma_fw_version,
-    /// caches_count, num_gws, vram_size and capability (relaxed by the
-    /// KFD_*_CHECK options), the values always compared for equality
-    /// (vram_public as 0/1), and domain, drm_render_minor, hive_id (saved,
-    /// not compared).
-    #[zbus(property)]
-    fn restore_props(&self) -> HashMap<String, u64> {
-        self.view.restore_props.clone().into_iter().collect()
-    }
-    /// The node's PCIe and XGMI io links as CRIU reads them: (type, node_to).
-    #[zbus(property)]
-    fn restore_links(&self) -> Vec<RestoreLink> {
-        self.view.restore_links.clone()
+ipc::partition_properties!(serve PartitionObject view);
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use ipc::types::{GpuInfo, PartitionInfo};
+    use zbus::object_server::Interface;
+
+    use super::*;
+
+    /// The `<property name=...>` names of an interface's introspection.
+    fn served(intro: &str) -> BTreeSet<String> {
+        intro
+            .split("<property name=\"")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(str::to_owned)
+            .collect()
     }
 
-    /// Why the partition is not healthy, as found when it went out of
-    /// service; empty while healthy.
-    #[zbus(property)]
-    fn health_reason(&self) -> String {
-        self.view.health_reason.clone()
+    fn declared(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    fn gpu_view() -> GpuView {
+        GpuInfo {
+            bdf: "0000:05:00.0".into(),
+            rocr_uuid: String::new(),
+            unique_id: "1".into(),
+            gfx: "gfx942".into(),
+            compute_units: 304,
+            cus_per_wgp: 1,
+            vram_bytes: 1 << 30,
+            numa_node: -1,
+            market_name: String::new(),
+            amdsmi_uuid: String::new(),
+            published_id: String::new(),
+            vendor_id: 0x1002,
+            device_id: 0x74a1,
+            compute_partition: "SPX".into(),
+            memory_partition: "NPS1".into(),
+            available_compute_partitions: Vec::new(),
+            health: ipc::HEALTHY.into(),
+            health_reason: String::new(),
+            partitions: Vec::new(),
+            links: Vec::new(),
+            partition_profiles: Vec::new(),
+        }
+    }
+
+    fn partition_view() -> PartitionView {
+        PartitionInfo {
+            index: 0,
+            kfd_node: 1,
+            gpu_id: 52527,
+            render_minor: 128,
+            card_minor: 0,
+            bdf: "0000:05:00.0".into(),
+            compute_units: 304,
+            num_xcc: 8,
+            vram_bytes: 1 << 30,
+            xcp: -1,
+            gpu: ipc::gpu_path("0000:05:00.0"),
+            health: ipc::HEALTHY.into(),
+            restore_props: [("fw_version".to_owned(), 177)].into_iter().collect(),
+            restore_links: Vec::new(),
+            health_reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn every_table_entry_is_served_and_nothing_else() {
+        let gpu = GpuObject { view: gpu_view() };
+        let mut intro = String::new();
+        gpu.introspect_to_writer(&mut intro, 0);
+        assert_eq!(served(&intro), declared(GpuInfo::PROPERTY_NAMES), "{intro}");
+        let announced: Vec<&str> = gpu.view.to_properties().iter().map(|p| p.0).collect();
+        assert_eq!(announced, GpuInfo::PROPERTY_NAMES);
+
+        let part = PartitionObject {
+            view: partition_view(),
+        };
+        let mut intro = String::new();
+        part.introspect_to_writer(&mut intro, 0);
+        assert_eq!(
+            served(&intro),
+            declared(PartitionInfo::PROPERTY_NAMES),
+            "{intro}"
+        );
     }
 }

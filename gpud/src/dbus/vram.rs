@@ -1,22 +1,20 @@
 //! The D-Bus side of VRAM caps: `SetPodVramLimits` and the `Dmem*`
-//! properties of the node, over [`crate::dmem`]. Only conversion and error
-//! mapping live here; the node object checks the caller's UID.
+//! properties of the node, over [`crate::dmem`] (the timed write is
+//! [`crate::dmem::cap_write`]). Only validation of the wire values,
+//! conversion and error mapping live here; the node object checks the
+//! caller's UID.
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{
-        Arc,
-        atomic::{AtomicU8, AtomicUsize, Ordering},
-    },
-    time::Duration,
+    sync::Arc,
 };
 
 use ipc::ApiError;
 use zbus::zvariant::Value;
 
-use crate::{
-    deadline,
-    dmem::{Dmem, DmemError, Kind, Status},
+use crate::dmem::{
+    Dmem, DmemError, Kind, Status,
+    cap_write::{self, CapWriteError},
 };
 
 /// The typed D-Bus error of a [`DmemError`], with its whole message.
@@ -36,28 +34,12 @@ pub fn api_error(err: &DmemError) -> ApiError {
 /// region are refused by [`Dmem::set_pod_limits`].
 pub const MIN_CAP: u64 = 1 << 20;
 
-/// How long the cgroup writes of one `SetPodVramLimits` may take. cgroupfs
-/// answers at once; a write that takes longer is stuck in the kernel, and
-/// the plugin waits 10 s for the whole call.
-pub const CAP_WRITE: Duration = Duration::from_secs(5);
-
-/// Cap writes that missed [`CAP_WRITE`] and are still blocked: while there
-/// is one, no new write is started, so that a hung kernel cannot pile up
-/// threads (writes that answer in time may run side by side).
-static OVERDUE: AtomicUsize = AtomicUsize::new(0);
-
-/// The states of one write: running, returned, or past its deadline.
-const RUNNING: u8 = 0;
-const DONE: u8 = 1;
-const LATE: u8 = 2;
-
-/// Sets the limits on a thread of its own, waiting at most [`CAP_WRITE`];
-/// returns the pod's cgroup path in the
-/// hierarchy (`/kubepods.slice/...`).
+/// Sets the limits within [`crate::dmem::cap_write::CAP_WRITE`]; returns
+/// the pod's cgroup path in the hierarchy (`/kubepods.slice/...`).
 ///
 /// # Errors
 /// `InvalidArgument` for a cap below [`MIN_CAP`]; the mapped
-/// [`DmemError`], or `Failed` when the blocking task dies.
+/// [`CapWriteError`].
 pub async fn set_pod_limits(
     dmem: Arc<Dmem>,
     pod_uid: String,
@@ -71,48 +53,26 @@ pub async fn set_pod_limits(
         )));
     }
     let limits: BTreeMap<String, u64> = limits.into_iter().collect();
-    // The caller's span (method, caller UID) goes with the work to its thread.
-    let span = tracing::Span::current();
-    if OVERDUE.load(Ordering::Acquire) > 0 {
-        return Err(ApiError::Busy(
-            "an earlier VRAM cap write is still blocked in the kernel; try again later".into(),
-        ));
-    }
-    let state = Arc::new(AtomicU8::new(RUNNING));
-    let seen = Arc::clone(&state);
-    let write = move || {
-        let applied = span.in_scope(|| dmem.set_pod_limits(&pod_uid, &limits));
-        if seen.swap(DONE, Ordering::AcqRel) == LATE {
-            OVERDUE.fetch_sub(1, Ordering::AcqRel);
-        }
-        applied
-    };
-    let done = deadline::spawn("the VRAM cap write", write)
-        .map_err(|e| ApiError::Failed(e.to_string()))?;
-    let applied = match tokio::time::timeout(CAP_WRITE, done).await {
-        Ok(Ok(applied)) => applied,
-        Ok(Err(_)) => return Err(ApiError::Failed("the VRAM cap write failed".into())),
-        Err(_) => {
-            // Counted until the thread returns (it decrements, seeing LATE);
-            // not at all when it returned in the meantime.
-            OVERDUE.fetch_add(1, Ordering::AcqRel);
-            if state
-                .compare_exchange(RUNNING, LATE, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                OVERDUE.fetch_sub(1, Ordering::AcqRel);
-            }
-            tracing::error!("SetPodVramLimits: the cgroup write did not finish within {CAP_WRITE:?}");
-            return Err(ApiError::Failed(format!(
-                "the VRAM cap write did not finish within {CAP_WRITE:?} (a cgroup file that never answers?)"
-            )));
-        }
-    }
-    .map_err(|e| {
-        tracing::warn!("SetPodVramLimits refused: {e}");
-        api_error(&e)
-    })?;
+    let applied = cap_write::set_pod_limits_within(dmem, pod_uid, limits)
+        .await
+        .map_err(|e| write_error(&e))?;
     Ok(format!("/{}", applied.cgroup.display()))
+}
+
+/// The typed D-Bus error of a failed timed write, logged.
+fn write_error(err: &CapWriteError) -> ApiError {
+    match err {
+        CapWriteError::Busy => ApiError::Busy(err.to_string()),
+        CapWriteError::Dmem(e) => {
+            tracing::warn!("SetPodVramLimits refused: {e}");
+            api_error(e)
+        }
+        CapWriteError::Late { limit } => {
+            tracing::error!("SetPodVramLimits: the cgroup write did not finish within {limit:?}");
+            ApiError::Failed(err.to_string())
+        }
+        CapWriteError::Thread(_) | CapWriteError::Died => ApiError::Failed(err.to_string()),
+    }
 }
 
 /// `DmemRegions`: PCI address to the bytes of its VRAM region.
@@ -169,6 +129,18 @@ mod tests {
             tried: Vec::new(),
         });
         assert!(matches!(api_error(&missing), ApiError::NotFound(m) if m.contains("kubepods")));
+    }
+
+    #[test]
+    fn timed_write_errors_keep_their_texts() {
+        let busy = write_error(&CapWriteError::Busy);
+        assert!(matches!(busy, ApiError::Busy(m) if m.contains("still blocked")));
+        let late = write_error(&CapWriteError::Late {
+            limit: cap_write::CAP_WRITE,
+        });
+        assert!(matches!(late, ApiError::Failed(m) if m.contains("did not finish within 5s")));
+        let died = write_error(&CapWriteError::Died);
+        assert!(matches!(died, ApiError::Failed(m) if m == "the VRAM cap write failed"));
     }
 
     #[test]

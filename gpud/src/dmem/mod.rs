@@ -9,9 +9,11 @@
 //! handle of the cgroup mount without following symlinks ([`resolve`]), then
 //! `+dmem` is enabled down the path where missing and each region written
 //! and read back ([`write`]). Only `dmem.max` and `cgroup.subtree_control`
-//! are ever opened for writing ([`beneath::WRITABLE`]). Calls are serialized.
+//! are ever opened for writing ([`beneath::WRITABLE`]). Calls are serialized;
+//! [`cap_write`] runs one on a thread of its own within a deadline.
 
 pub mod beneath;
+pub(crate) mod cap_write;
 pub mod detect;
 pub mod kubelet;
 pub mod layout;

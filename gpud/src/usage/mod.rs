@@ -3,14 +3,16 @@
 //! docs/amd-hardware.md §7) mapped to pods and containers through
 //! `<proc>/<pid>/cgroup` and kubelet's pod cgroups ([`cgroup`]), each pod's
 //! `dmem.current`, and each GPU's sysfs values ([`sysfs`]), VRAM used and
-//! activity from AMD SMI where it answers ([`amdsmi`]). Knows nothing of
-//! D-Bus; every count read
+//! activity from AMD SMI where it answers ([`amdsmi`]); [`reader`] serves
+//! `GetUsage` from these: one read at a time, within a deadline, cached.
+//! Knows nothing of D-Bus; every count read
 //! from the host is bounded ([`MAX_PROCESSES`], [`MAX_ENTRIES`],
 //! [`sysfs::MAX_FILE`]).
 
 pub(crate) mod amdsmi;
 pub(crate) mod cache;
 pub(crate) mod cgroup;
+pub(crate) mod reader;
 pub(crate) mod sysfs;
 
 use std::{
