@@ -193,5 +193,4 @@ pub(crate) fn merge(gpus: &mut [GpuUse], figures: &ByGpu) {
 }
 
 #[cfg(test)]
-#[path = "amdsmi_tests.rs"]
 mod tests;
