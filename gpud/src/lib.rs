@@ -2,26 +2,29 @@
 //!
 //! It alone touches the hardware and the host. This library holds the whole
 //! daemon so tests run it in-process; `main.rs` only parses the command line.
+//!
+//! Modules are crate-private unless the binary, the tests crate, the fuzz
+//! targets or a bench reaches into them, so that dead code is flagged.
 
-pub mod access;
+pub(crate) mod access;
 pub mod amdsmi;
-pub mod cdi;
+pub(crate) mod cdi;
 pub mod cli;
-pub mod dbus;
-pub mod deadline;
+pub(crate) mod dbus;
+pub(crate) mod deadline;
 pub mod dmem;
-pub mod drm;
-pub mod gfx;
-pub mod health;
-pub mod hostpaths;
+pub(crate) mod drm;
+pub(crate) mod gfx;
+pub(crate) mod health;
+pub(crate) mod hostpaths;
 pub mod inspect;
 pub mod inventory;
 pub mod loader_check;
 pub mod partition;
-pub mod pci;
-pub mod published_ids;
+pub(crate) mod pci;
+pub(crate) mod published_ids;
 pub mod restore_check;
-pub mod service;
+pub(crate) mod service;
 pub mod topology;
 pub mod usage;
 

@@ -80,6 +80,7 @@ impl Damper {
     }
 
     /// The flap penalty as of the last observation.
+    #[cfg(test)]
     pub fn penalty(&self) -> f64 {
         self.penalty
     }

@@ -90,7 +90,7 @@ pub enum Origin {
     /// The daemon's first read (AMD SMI is probed).
     First,
     /// A `Rescan` call: AMD SMI is probed at most once per
-    /// [`super::RESCAN_PROBE_EVERY`].
+    /// [`super::scan::RESCAN_PROBE_EVERY`].
     Caller,
     /// The service itself (a partition switch waiting for the driver).
     Internal,

@@ -25,11 +25,10 @@ mod switch;
 use std::{sync::Arc, time::Instant};
 
 pub use api::{Handle, Origin, Published, ScanError, Snapshot, SwitchError};
-pub use daemon::{Spawned, spawn};
+pub use daemon::spawn;
 pub use health::Shown;
 pub use registry::{ObjectKey, Presence, Registry, Update};
-pub use scan::{RESCAN_PROBE_EVERY, ScanPlan, Scanned};
-pub use switch::SWITCH_TIMEOUT;
+pub use scan::{ScanPlan, Scanned};
 use tracing::info;
 
 use crate::{
