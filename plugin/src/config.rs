@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr};
 
 use clap::Parser;
 
-use crate::{allocator::Policy, partition::OperatingMode, sandbox::SandboxMode};
+use crate::{inventory::partition::OperatingMode, preferred::Policy, sandbox::SandboxMode};
 
 /// Default kubelet device-plugin directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";

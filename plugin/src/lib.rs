@@ -10,26 +10,19 @@
 #![deny(unsafe_code)]
 
 pub mod allocate;
-pub mod allocator;
 pub mod config;
 pub mod cu;
-pub mod device_ids;
-pub mod devices;
-pub mod gpud_client;
-pub mod gpud_reach;
-pub mod gpud_usage;
+pub mod gpud;
 pub mod hami;
-pub mod health_events;
+pub mod inventory;
 pub mod kube;
 pub mod kubelet;
 pub mod loader;
 pub mod metrics;
-pub mod mode_follow;
-pub mod node_gpus;
-pub mod node_register;
-pub mod partition;
+pub mod mode;
+pub mod preferred;
+pub mod register;
 pub mod sandbox;
-pub mod switcher;
 #[cfg(test)]
 mod testutil;
 pub mod vram;
@@ -41,7 +34,13 @@ pub use config::Cli;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{config::MetricsAddress, devices::DeviceTable, gpud_client::Bus, metrics::Metrics};
+use crate::{
+    config::MetricsAddress,
+    gpud::client::Bus,
+    inventory::{DeviceTable, partition},
+    metrics::Metrics,
+    mode::switch,
+};
 
 /// Entry point of the binary: parses `args` (help and version are not
 /// errors), runs, and maps errors to an exit code.
@@ -150,9 +149,9 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::new());
     metrics.set_landlock(landlock_status());
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let followed = gpud_client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
+    let followed = gpud::client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
     let raw = followed.snapshots;
-    let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
+    let mode = switch::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
     let (mode_tx, mode_rx) = watch::channel(mode);
     let snapshots = partition::follow(raw.clone(), mode_rx);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
@@ -175,7 +174,7 @@ pub async fn serve(
         caches: side.as_ref().map(|s| s.caches.clone()),
         split_count: cli.split_count,
         usage: matches!(cli.metrics_address, MetricsAddress::At(_))
-            .then(|| gpud_usage::spawn(bus.clone(), gpud_usage::EVERY)),
+            .then(|| gpud::usage::spawn(bus.clone(), gpud::usage::EVERY)),
         node_name: cli.node_name.clone(),
     };
     let server = start_metrics(cli.metrics_address, exporter).await?;
@@ -222,37 +221,37 @@ fn landlock_status() -> metrics::LandlockStatus {
 fn spawn_followers(
     cli: &Cli,
     bus: &Bus,
-    raw: watch::Receiver<gpud_client::Snapshot>,
+    raw: watch::Receiver<gpud::client::Snapshot>,
     side: Option<&KubeSide>,
     (mode, reach): (
         watch::Sender<partition::OperatingMode>,
-        watch::Receiver<gpud_reach::Reach>,
+        watch::Receiver<gpud::reach::Reach>,
     ),
     stopped: &watch::Receiver<bool>,
 ) {
-    let sources = switcher::Sources {
+    let sources = switch::Sources {
         caches: side.map(|s| s.caches.clone()),
         pod_resources: cli.pod_resources(),
         resource_name: cli.resource_name.clone(),
         events: side.map(|s| s.events.clone()),
     };
     if let Some(target) = cli.compute_partition.clone() {
-        tokio::spawn(switcher::switch_idle_gpus(
+        tokio::spawn(switch::switch_idle_gpus(
             bus.clone(),
             raw,
             sources.clone(),
             target,
         ));
     }
-    tokio::spawn(mode_follow::follow(
+    tokio::spawn(mode::follow::follow(
         sources,
         cli.operating_mode,
         mode,
         until(stopped.clone()),
     ));
-    tokio::spawn(gpud_reach::report(
+    tokio::spawn(gpud::reach::report(
         reach,
-        side.map(|s| gpud_reach::NodeEvents {
+        side.map(|s| gpud::reach::NodeEvents {
             events: s.events.clone(),
             caches: s.caches.clone(),
         }),
@@ -281,7 +280,7 @@ fn start_kube(
     cli: &Cli,
     client: ::kube::Client,
     bus: &Bus,
-    snapshots: &watch::Receiver<gpud_client::Snapshot>,
+    snapshots: &watch::Receiver<gpud::client::Snapshot>,
     stopped: &watch::Receiver<bool>,
     decoder: &tokio::runtime::Handle,
 ) -> KubeSide {
@@ -306,7 +305,7 @@ fn start_kube(
     let events = kube::Events::new(client.clone(), &cli.node_name);
     let vram = Arc::new(vram::VramCaps {
         mode: cli.dmem_backend,
-        sink: Arc::new(gpud_client::GpudCaps {
+        sink: Arc::new(gpud::client::GpudCaps {
             bus: bus.clone(),
             snapshots: snapshots.clone(),
         }),
@@ -325,17 +324,17 @@ fn start_kube(
             events: Some(events.clone()),
         })
     });
-    tokio::spawn(health_events::follow(
+    tokio::spawn(inventory::health::follow(
         snapshots.clone(),
         events.clone(),
         caches.clone(),
         until(stopped.clone()),
     ));
-    let config = kube::RegisterConfig {
+    let config = register::RegisterConfig {
         split_count: cli.split_count,
         recheck: Duration::from_secs(cli.register_interval.max(1)),
     };
-    let registrar = tokio::spawn(kube::run_register(
+    let registrar = tokio::spawn(register::run_register(
         client,
         caches.clone(),
         snapshots.clone(),
@@ -390,7 +389,7 @@ async fn until(mut stop: watch::Receiver<bool>) {
 
 /// Keeps a device table in step with the snapshots.
 pub fn follow_devices(
-    mut snapshots: watch::Receiver<gpud_client::Snapshot>,
+    mut snapshots: watch::Receiver<gpud::client::Snapshot>,
     split_count: u32,
 ) -> watch::Receiver<DeviceTable> {
     let (tx, rx) = watch::channel(DeviceTable::build(

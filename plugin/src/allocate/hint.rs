@@ -17,9 +17,9 @@ use kube::ResourceExt;
 
 use super::{Allocator, pod};
 use crate::{
-    allocator::parse_slot,
     hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
     kubelet::AllocationHint,
+    preferred::parse_slot,
 };
 
 /// HAMi's choice, read from Allocate's view of the pods.

@@ -45,9 +45,9 @@ use tracing::{info, warn};
 
 use crate::{
     cu::CuBitmap,
-    devices::gpu_id,
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
     hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
+    inventory::gpu_id,
     kube::{CALL_TIMEOUT, Caches, Events},
     vram::{Owners, owners::PodRef},
 };
@@ -394,7 +394,7 @@ impl Allocator {
         }
         let totals = occupancy::Totals::of(&self.snapshots.borrow());
         let mut entry = entry;
-        crate::device_ids::rename_current(&totals.aliases, &mut entry).map_err(|err| {
+        crate::inventory::ids::rename_current(&totals.aliases, &mut entry).map_err(|err| {
             AllocateError::new(Reason::UnknownGpu, format!("HAMi assigned {err}"))
         })?;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);

@@ -22,11 +22,11 @@ use tracing::warn;
 use super::reuse;
 use crate::{
     cu::CuBitmap,
-    device_ids::{Aliases, Unresolved},
     hami::{
         ALLOCATED_KEY, CU_ALLOCATED_KEY, CuList, DevicesAnnotation, parse_cu_allocated,
         parse_pod_devices,
     },
+    inventory::ids::{Aliases, Unresolved},
 };
 
 /// The GPUs of this node: CU count by current ID, and every older name of
@@ -42,12 +42,12 @@ pub struct Totals {
 
 impl Totals {
     /// The GPUs of `snapshot`, under their current IDs.
-    pub fn of(snapshot: &crate::gpud_client::Snapshot) -> Self {
+    pub fn of(snapshot: &crate::gpud::client::Snapshot) -> Self {
         let by_id = |value: fn(&ipc::types::GpuInfo) -> u32| {
             snapshot
                 .gpus
                 .iter()
-                .map(|g| (crate::devices::gpu_id(g), value(g)))
+                .map(|g| (crate::inventory::gpu_id(g), value(g)))
                 .collect()
         };
         Self {
@@ -422,9 +422,7 @@ fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]
 }
 
 #[cfg(test)]
-#[path = "occupancy_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "occupancy_forged_tests.rs"]
 mod forged_tests;

@@ -270,5 +270,4 @@ pub fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String
 }
 
 #[cfg(test)]
-#[path = "reuse_tests.rs"]
 mod tests;

@@ -232,5 +232,4 @@ fn pick_runs(mut runs: Vec<Range<u32>>, want: u32) -> Vec<Range<u32>> {
 }
 
 #[cfg(test)]
-#[path = "bitmap_tests.rs"]
 mod tests;

@@ -193,5 +193,4 @@ fn checked_slice(i: u32, gpu: &GpuSlice, cus: &[Range<u32>]) -> Result<Vec<Range
 }
 
 #[cfg(test)]
-#[path = "env_tests.rs"]
 mod tests;

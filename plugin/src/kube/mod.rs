@@ -1,12 +1,11 @@
 //! Kubernetes API access: a client with timeouts, watch-fed caches of this
-//! node and of the pods bound to it, and the node's register annotation.
+//! node and of the pods bound to it, and Events.
 //!
 //! Reads on the hot path come from the caches; the API server sees watches
 //! and the few writes the protocol needs.
 
 mod events;
 mod progress;
-mod register;
 
 use std::{
     path::Path,
@@ -26,7 +25,6 @@ use kube::{
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
 pub use progress::{CacheMark, WatchProgress};
-pub use register::{RegisterConfig, run_register};
 use tracing::warn;
 
 use crate::config::KubeAccess;

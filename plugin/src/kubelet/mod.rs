@@ -23,7 +23,7 @@ pub use service::{AllocationHint, PluginService, options};
 use tokio::sync::{Notify, oneshot, watch};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::{allocator::Policy, config::KubeAccess, devices::DeviceTable};
+use crate::{config::KubeAccess, inventory::DeviceTable, preferred::Policy};
 
 /// How often the sockets are checked for a kubelet restart.
 const WATCH_INTERVAL: Duration = Duration::from_millis(250);

@@ -14,7 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{allocator, config::KubeAccess, devices::DeviceTable, metrics::Metrics};
+use crate::{config::KubeAccess, inventory::DeviceTable, metrics::Metrics, preferred};
 
 /// A source of preferred devices that knows more than the topology: HAMi's
 /// decision for the pod being admitted. Consulted first by
@@ -33,7 +33,7 @@ pub trait AllocationHint: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub struct PluginService {
     pub devices: watch::Receiver<DeviceTable>,
-    pub policy: allocator::Policy,
+    pub policy: preferred::Policy,
     pub kube: KubeAccess,
     /// Notified when kubelet's ListAndWatch stream goes away.
     pub stream_closed: Arc<Notify>,
@@ -145,7 +145,7 @@ impl DevicePlugin for PluginService {
                 None => None,
             };
             let ids = hinted.unwrap_or_else(|| {
-                allocator::preferred(self.policy, &topology, available, must, size)
+                preferred::preferred(self.policy, &topology, available, must, size)
             });
             debug!(?ids, size, "GetPreferredAllocation");
             container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
@@ -222,7 +222,7 @@ mod tests {
     use proto::v1beta1::ContainerPreferredAllocationRequest;
 
     use super::*;
-    use crate::devices::Slot;
+    use crate::inventory::Slot;
 
     #[derive(Debug)]
     struct Fixed(Vec<String>);
@@ -257,7 +257,7 @@ mod tests {
     ) -> PluginService {
         PluginService {
             devices: tx.subscribe(),
-            policy: allocator::Policy::BestEffort,
+            policy: preferred::Policy::BestEffort,
             kube: KubeAccess::None,
             stream_closed: Arc::new(Notify::new()),
             hint,

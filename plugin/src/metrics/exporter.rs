@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{Exporter, Metrics, usage};
-use crate::{gpud_client::Snapshot, kube::Caches};
+use crate::{gpud::client::Snapshot, kube::Caches};
 
 /// What `/metrics` and `/readyz` read.
 #[derive(Clone)]
@@ -19,7 +19,7 @@ pub struct NodeExporter {
     /// `--split-count`.
     pub split_count: u32,
     /// amd-gpud's last `GetUsage` answer; `None` without metrics.
-    pub usage: Option<crate::gpud_usage::UsageFeed>,
+    pub usage: Option<crate::gpud::usage::UsageFeed>,
     /// The node's name (HAMi's `node` label).
     pub node_name: String,
 }

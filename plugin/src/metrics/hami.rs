@@ -1,6 +1,6 @@
 //! HAMi's vGPU monitor series for AMD (Project-HAMi/HAMi:cmd/vGPUmonitor/metrics.go):
 //! the same names, labels and units, from what amd-gpud measured
-//! (`GetUsage`, [`crate::gpud_usage`]) joined with the grants HAMi made
+//! (`GetUsage`, [`crate::gpud::usage`]) joined with the grants HAMi made
 //! (`hami.io/amd-devices-allocated`, `hami.io/amd-cu-allocated`), plus
 //! series of ours for what HAMi has no name for.
 //!
@@ -22,6 +22,9 @@
 //! otherwise for no container. Processes outside pod cgroups never reach
 //! the plugin.
 
+#[cfg(test)]
+mod tests;
+
 use std::{
     collections::HashMap,
     sync::{Arc, atomic::AtomicU64},
@@ -37,7 +40,8 @@ use prometheus_client::{
 
 use super::{hami_join::Devices, usage::live};
 use crate::{
-    devices::gpu_id, gpud_client::Snapshot, hami::register::DeviceInfo, node_register::product_name,
+    gpud::client::Snapshot, hami::register::DeviceInfo, inventory::gpu_id,
+    register::entries::product_name,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -9,11 +9,11 @@ use kube::ResourceExt;
 
 use super::hami::{ChargedLabels, ContainerLabels, HamiMetrics, MaskLabels};
 use crate::{
-    devices::gpu_id,
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
     hami::{
         ALLOCATED_KEY, CU_ALLOCATED_KEY, DevicesAnnotation, parse_cu_allocated, parse_pod_devices,
     },
+    inventory::gpu_id,
 };
 
 const MIB: u64 = 1024 * 1024;

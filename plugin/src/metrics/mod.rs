@@ -42,8 +42,8 @@ pub use server::{Exporter, MetricsServerError};
 pub use usage::{GpuUsage, Usage, usage};
 
 use crate::{
-    devices::{gpu_id, slots_of},
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
+    inventory::{gpu_id, slots_of},
 };
 
 /// Labels of the per-GPU series.
@@ -347,7 +347,5 @@ impl Metrics {
     }
 }
 
-#[cfg(test)]
-mod hami_tests;
 #[cfg(test)]
 mod tests;

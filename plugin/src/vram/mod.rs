@@ -25,9 +25,9 @@ use tracing::{info, warn};
 
 use crate::{
     config::DmemMode,
-    devices::gpu_id,
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    inventory::gpu_id,
     kube::{Events, Regarding},
 };
 
@@ -196,7 +196,7 @@ pub fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64
         parse_pod_devices(DevicesAnnotation::Allocated, value).map_err(|e| e.to_string())?;
     let mut limits = BTreeMap::new();
     // A grant made under an older name of a device counts on that device.
-    let aliases = crate::device_ids::Aliases::of(snapshot);
+    let aliases = crate::inventory::ids::Aliases::of(snapshot);
     for device in containers.iter().flatten() {
         let current = aliases
             .resolve(&device.uuid)

@@ -21,8 +21,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::{
-    devices::gpu_id,
-    gpud_reach::{Reach, Unreachable},
+    gpud::reach::{Reach, Unreachable},
+    inventory::gpu_id,
 };
 use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
 
@@ -89,7 +89,7 @@ pub enum SessionError {
 }
 
 /// What [`spawn`] follows: the latest inventory, and how the last attempt
-/// to reach amd-gpud went (for [`crate::gpud_reach::report`]).
+/// to reach amd-gpud went (for [`crate::gpud::reach::report`]).
 #[derive(Debug, Clone)]
 pub struct Followed {
     pub snapshots: watch::Receiver<Snapshot>,

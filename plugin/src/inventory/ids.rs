@@ -18,7 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use ipc::types::GpuInfo;
 
-use crate::{devices::gpu_id, gpud_client::Snapshot, hami::ContainerDevice};
+use crate::{gpud::client::Snapshot, hami::ContainerDevice, inventory::gpu_id};
 
 /// Why an ID names no single device.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,5 +137,4 @@ fn rocr_uuid(unique_id: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-#[path = "device_ids_tests.rs"]
 mod tests;

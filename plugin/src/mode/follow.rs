@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    partition::{self, MODE_ANNOTATION, OperatingMode},
-    switcher::{self, Sources},
+    inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
+    mode::switch::{self, Sources},
 };
 
 /// The Event reasons.
@@ -86,12 +86,12 @@ pub async fn follow(
 
 /// Why the mode cannot change now, if anything stops it.
 async fn blocker(sources: &Sources) -> Option<String> {
-    match switcher::allocations(sources).await {
+    match switch::allocations(sources).await {
         Err(why) => Some(format!("the allocations cannot be told yet ({why})")),
         Ok(held) => held.holders().map(|who| format!("held by {who}")),
     }
 }
 
 fn event(sources: &Sources, warning: bool, reason: &str, note: String) {
-    switcher::node_event(sources, warning, (reason, "OperatingMode"), note);
+    switch::node_event(sources, warning, (reason, "OperatingMode"), note);
 }

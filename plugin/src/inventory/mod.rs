@@ -1,17 +1,27 @@
-//! From amd-gpud's GPUs to the kubelet devices and allocator topology.
+//! What the node offers: from amd-gpud's GPUs to the kubelet devices and
+//! the topology GetPreferredAllocation ranks.
+//!
+//! * here: the [`DeviceTable`] kubelet's ListAndWatch serves, and the GPU id;
+//! * [`partition`]: the view of the inventory in partition mode;
+//! * [`ids`]: every name a device has been published under;
+//! * [`health`]: Node Events for GPU health transitions.
 //!
 //! Each GPU is offered as `count` devices `<gpu-id>#<slot>`. The GPU id is
 //! stable across restarts and reboots and free of `,` `:` `;` (HAMi's
 //! separators): AMD SMI's UUID when known, else ROCr's UUID, else one derived
 //! from the PCI address.
 
+pub mod health;
+pub mod ids;
+pub mod partition;
+
 use std::collections::HashMap;
 
 use ipc::types::GpuInfo;
 
 use crate::{
-    allocator::{self, GpuTopology, Link, LinkKind},
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
+    preferred::{self, GpuTopology, Link, LinkKind},
 };
 
 /// One kubelet device.
@@ -90,7 +100,7 @@ impl DeviceTable {
             let numa = (gpu.numa_node >= 0).then_some(i64::from(gpu.numa_node));
             let healthy = gpu.health == ipc::HEALTHY;
             table.slots.extend((0..count).map(|slot| Slot {
-                id: allocator::slot_id(&id, slot),
+                id: preferred::slot_id(&id, slot),
                 healthy,
                 numa,
             }));

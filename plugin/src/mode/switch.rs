@@ -15,11 +15,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    devices::gpu_id,
-    gpud_client::{Bus, Snapshot, connect},
+    gpud::client::{Bus, Snapshot, connect},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    inventory::gpu_id,
+    inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
-    partition::{self, MODE_ANNOTATION, OperatingMode},
     vram::owners::list_pod_resources,
 };
 

@@ -2,7 +2,7 @@
 //!
 //! Without amd-gpud the plugin stays unready (`/readyz` needs a connected
 //! inventory) and lists no device; that alone tells an operator nothing.
-//! [`gpud_client`](crate::gpud_client) classifies every failed session or read
+//! [`client`](super::client) classifies every failed session or read
 //! into an [`Unreachable`], and [`report`] turns a cause that lasts past a
 //! grace period (amd-gpud may simply start after the plugin) into one error
 //! in the pod's log and one Warning Event on the Node, each naming the
@@ -15,7 +15,7 @@ use tokio::{sync::watch, time::Instant};
 use tracing::{error, info};
 
 use crate::{
-    gpud_client::SessionError,
+    gpud::client::SessionError,
     kube::{Caches, Events, Regarding},
 };
 
@@ -274,5 +274,4 @@ fn say_reachable(sink: Option<&NodeEvents>) {
 }
 
 #[cfg(test)]
-#[path = "gpud_reach_tests.rs"]
 mod tests;

@@ -2,7 +2,7 @@
 //! DeviceInfo per GPU, derived from amd-gpud's inventory and the slot count
 //! offered to kubelet, so that HAMi and kubelet see the same devices. Facts a
 //! GPU's devices share (the profile menu, the CRIU properties) are published
-//! once per GPU in `hami.io/node-amd-gpus` ([`crate::node_gpus`]).
+//! once per GPU in `hami.io/node-amd-gpus` ([`super::gpus`]).
 //!
 //! Writing is idempotent: the plugin patches the node only when the value it
 //! wants differs from what the node carries (watch-fed), and on a graceful
@@ -11,9 +11,9 @@
 use ipc::types::GpuInfo;
 
 use crate::{
-    devices::{gpu_id, slots_of},
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
     hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
+    inventory::{gpu_id, slots_of},
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -43,7 +43,7 @@ pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo
 
 /// `custominfo.partitionProfile`: the current profile (e.g. `cpx_nps1`), as
 /// newer upstream's Go plugin sends it, for GPUs with compute partitions. The
-/// menu of profiles is a fact of the physical GPU, in [`crate::node_gpus`].
+/// menu of profiles is a fact of the physical GPU, in [`super::gpus`].
 fn add_current_profile(info: &mut DeviceInfo, gpu: &GpuInfo) {
     if gpu.partition_profiles.is_empty()
         || gpu.compute_partition.is_empty()
@@ -262,7 +262,10 @@ mod tests {
             connected: true,
             ..Snapshot::default()
         };
-        let snapshot = crate::partition::view(&raw, crate::partition::OperatingMode::Partition);
+        let snapshot = crate::inventory::partition::view(
+            &raw,
+            crate::inventory::partition::OperatingMode::Partition,
+        );
         let value: Vec<serde_json::Value> =
             serde_json::from_str(&annotation(&snapshot, 0, true).unwrap()).unwrap();
         assert_eq!(value.len(), 8);

@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::{
-    devices::gpu_id,
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
+    inventory::gpu_id,
     kube::{Caches, Events, Regarding},
 };
 
@@ -49,7 +49,7 @@ pub type Known = BTreeMap<String, (String, String)>;
 /// The transitions from `known` to `gpus`, and `known` updated. A GPU that
 /// is no longer listed at all is reported missing, once (the followed
 /// snapshot keeps the GPUs a restarted amd-gpud forgot, see
-/// `gpud_client::keep_vanished`; this covers one replaced at its PCI address).
+/// `gpud::client::keep_vanished`; this covers one replaced at its PCI address).
 pub fn transitions(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
     let mut out = vanished(known, gpus);
     for gpu in gpus {

@@ -18,12 +18,15 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{CALL_TIMEOUT, Caches};
+pub mod entries;
+pub mod gpus;
+
+use gpus::GPUS_KEY;
+
 use crate::{
-    gpud_client::Snapshot,
+    gpud::client::Snapshot,
     hami::REGISTER_KEY,
-    node_gpus::{self, GPUS_KEY},
-    node_register,
+    kube::{CALL_TIMEOUT, Caches},
 };
 
 /// How the registrar runs.
@@ -72,14 +75,14 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     if snapshot.gpus.is_empty() {
         return;
     }
-    let wanted = match node_register::annotation(snapshot, split, healthy) {
+    let wanted = match entries::annotation(snapshot, split, healthy) {
         Ok(value) => value,
         Err(err) => {
             warn!("not publishing {REGISTER_KEY}: {err}");
             return;
         }
     };
-    let gpus = node_gpus::gpus_annotation(snapshot);
+    let gpus = gpus::gpus_annotation(snapshot);
     // A failing watch keeps its last node, which may be long out of date
     // (after an API server outage it can take a minute to come back): read
     // the node itself then.
@@ -96,8 +99,8 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     };
     let (current, current_gpus) = (on_node(REGISTER_KEY), on_node(GPUS_KEY));
     if node.is_some()
-        && !node_register::needs_write(&wanted, current.as_deref())
-        && !node_register::needs_write(&gpus, current_gpus.as_deref())
+        && !entries::needs_write(&wanted, current.as_deref())
+        && !entries::needs_write(&gpus, current_gpus.as_deref())
     {
         return;
     }

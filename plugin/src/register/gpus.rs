@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use ipc::types::GpuInfo;
 use serde_json::{Map, Value, json};
 
-use crate::gpud_client::Snapshot;
+use crate::gpud::client::Snapshot;
 
 /// The node annotation with each physical GPU's facts.
 pub const GPUS_KEY: &str = "hami.io/node-amd-gpus";
@@ -102,7 +102,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        partition::{OperatingMode, view},
+        inventory::partition::{OperatingMode, view},
         testutil::{mi300x, partition},
     };
 

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use ipc::types::GpuInfo;
 use tokio::sync::watch;
 
-use crate::{devices::gpu_id, gpud_client::Snapshot};
+use crate::{gpud::client::Snapshot, inventory::gpu_id};
 
 /// The node annotation that chooses the operating mode (it wins over the flag).
 pub const MODE_ANNOTATION: &str = "hami.io/amd-operating-mode";
@@ -171,5 +171,4 @@ pub fn follow(
 }
 
 #[cfg(test)]
-#[path = "partition_tests.rs"]
 mod tests;
