@@ -5,7 +5,9 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr};
 
 use clap::Parser;
 
-use crate::{inventory::partition::OperatingMode, preferred::Policy, sandbox::SandboxMode};
+use crate::{
+    inventory::partition::OperatingMode, kube::KubeAccess, preferred::Policy, sandbox::SandboxMode,
+};
 
 /// Default kubelet device-plugin directory.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
@@ -188,27 +190,6 @@ impl FromStr for MetricsAddress {
         value.parse().map(Self::At).map_err(|_| {
             format!("--metrics-address is ADDRESS:PORT (e.g. {DEFAULT_METRICS_ADDRESS}) or none, not {value:?}")
         })
-    }
-}
-
-/// How the plugin reaches the Kubernetes API.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeAccess {
-    None,
-    Auto,
-    Kubeconfig(PathBuf),
-}
-
-impl FromStr for KubeAccess {
-    type Err = String;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        match value {
-            "" => Err("--kube needs none, auto or a kubeconfig path".to_owned()),
-            "none" => Ok(Self::None),
-            "auto" => Ok(Self::Auto),
-            path => Ok(Self::Kubeconfig(PathBuf::from(path))),
-        }
     }
 }
 

@@ -36,7 +36,7 @@ use tracing::info;
 
 use crate::{
     config::MetricsAddress,
-    gpud::client::Bus,
+    gpud::Bus,
     inventory::{DeviceTable, partition},
     metrics::Metrics,
     mode::switch,
@@ -118,7 +118,7 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
         cli.pod_resources()
             .and_then(|p| p.parent().map(std::path::Path::to_path_buf)),
     );
-    if let config::KubeAccess::Kubeconfig(path) = &cli.kube {
+    if let kube::KubeAccess::Kubeconfig(path) = &cli.kube {
         read.push(path.clone());
     }
     sandbox::Plan {
@@ -221,7 +221,7 @@ fn landlock_status() -> metrics::LandlockStatus {
 fn spawn_followers(
     cli: &Cli,
     bus: &Bus,
-    raw: watch::Receiver<gpud::client::Snapshot>,
+    raw: watch::Receiver<inventory::Snapshot>,
     side: Option<&KubeSide>,
     (mode, reach): (
         watch::Sender<partition::OperatingMode>,
@@ -265,7 +265,7 @@ struct KubeSide {
     caches: kube::Caches,
     events: kube::Events,
     allocator: Arc<allocate::Allocator>,
-    hint: Arc<dyn kubelet::AllocationHint>,
+    hint: Arc<dyn preferred::AllocationHint>,
     vram: Arc<vram::VramCaps>,
     /// The loader check at PreStartContainer (`--loader-check`).
     loader: Option<Arc<loader::LoaderCheck>>,
@@ -280,7 +280,7 @@ fn start_kube(
     cli: &Cli,
     client: ::kube::Client,
     bus: &Bus,
-    snapshots: &watch::Receiver<gpud::client::Snapshot>,
+    snapshots: &watch::Receiver<inventory::Snapshot>,
     stopped: &watch::Receiver<bool>,
     decoder: &tokio::runtime::Handle,
 ) -> KubeSide {
@@ -305,7 +305,7 @@ fn start_kube(
     let events = kube::Events::new(client.clone(), &cli.node_name);
     let vram = Arc::new(vram::VramCaps {
         mode: cli.dmem_backend,
-        sink: Arc::new(gpud::client::GpudCaps {
+        sink: Arc::new(vram::gpud::GpudCaps {
             bus: bus.clone(),
             snapshots: snapshots.clone(),
         }),
@@ -389,7 +389,7 @@ async fn until(mut stop: watch::Receiver<bool>) {
 
 /// Keeps a device table in step with the snapshots.
 pub fn follow_devices(
-    mut snapshots: watch::Receiver<gpud::client::Snapshot>,
+    mut snapshots: watch::Receiver<inventory::Snapshot>,
     split_count: u32,
 ) -> watch::Receiver<DeviceTable> {
     let (tx, rx) = watch::channel(DeviceTable::build(

@@ -18,8 +18,7 @@ use kube::ResourceExt;
 use super::{Allocator, pod};
 use crate::{
     hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
-    kubelet::AllocationHint,
-    preferred::parse_slot,
+    preferred::{AllocationHint, parse_slot},
 };
 
 /// HAMi's choice, read from Allocate's view of the pods.

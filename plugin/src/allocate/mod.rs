@@ -11,7 +11,6 @@ mod lookup;
 mod occupancy;
 mod ours;
 mod pod;
-pub use pod::container_asks;
 mod report;
 mod reported;
 mod response;
@@ -45,8 +44,8 @@ use tracing::{info, warn};
 
 use crate::{
     cu::CuBitmap,
-    gpud::client::Snapshot,
     hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
+    inventory::Snapshot,
     inventory::gpu_id,
     kube::{CALL_TIMEOUT, Caches, Events},
     vram::{Owners, owners::PodRef},

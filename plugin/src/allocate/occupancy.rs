@@ -42,7 +42,7 @@ pub struct Totals {
 
 impl Totals {
     /// The GPUs of `snapshot`, under their current IDs.
-    pub fn of(snapshot: &crate::gpud::client::Snapshot) -> Self {
+    pub fn of(snapshot: &crate::inventory::Snapshot) -> Self {
         let by_id = |value: fn(&ipc::types::GpuInfo) -> u32| {
             snapshot
                 .gpus
@@ -345,9 +345,9 @@ fn judge_gpu(
             "it claims CU {max} on GPU {gpu}, which has {total} CUs"
         ));
     }
-    // A grant below one WGP gets one whole WGP (response::smallest_share).
+    // A grant below one WGP gets one whole WGP (cu::smallest_share).
     let unit = totals.units.get(gpu).copied().unwrap_or(1);
-    let allowed = super::response::smallest_share(granted.get(gpu).copied().unwrap_or(0), unit);
+    let allowed = crate::cu::smallest_share(granted.get(gpu).copied().unwrap_or(0), unit);
     let claimed = list.len();
     if allowed == 0 {
         return GpuClaim::Refused(format!(

@@ -3,15 +3,15 @@
 //! the owner of the node lock, else the one pod the fallback rule names
 //! among those bound here whose spec asks for the devices (see [`find`]).
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
-use k8s_openapi::{
-    api::core::v1::{Container, Node, Pod},
-    apimachinery::pkg::api::resource::Quantity,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
-use crate::hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices};
+use crate::{
+    hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
+    kube::container_asks,
+};
 
 /// The node lock shared by every HAMi vendor.
 pub const LOCK_KEY: &str = "hami.io/mutex.lock";
@@ -198,18 +198,6 @@ fn asked<'a>(pod: &'a Pod, resource: &'a str) -> impl Iterator<Item = u64> + 'a 
     let app = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
     init.chain(app)
         .filter_map(move |c| container_asks(c, resource))
-}
-
-/// How many devices of `resource` `container` asks for (its limit, or its
-/// request when only that is given); `None` when none or unparsable.
-pub fn container_asks(container: &Container, resource: &str) -> Option<u64> {
-    let r = container.resources.as_ref()?;
-    let of = |m: &Option<BTreeMap<String, Quantity>>| {
-        m.as_ref()
-            .and_then(|m| m.get(resource))
-            .map(|q| q.0.trim().parse::<u64>())
-    };
-    of(&r.limits).or_else(|| of(&r.requests))?.ok()
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 use super::{AllocateConfig, reuse::Reuse};
 use crate::{
-    cu::{CuBitmap, CuError, GpuSlice, render_env},
+    cu::{CuBitmap, CuError, GpuSlice, render_env, smallest_share},
     hami::ContainerDevice,
 };
 
@@ -39,21 +39,6 @@ pub struct Slice {
 impl Slice {
     fn sliced(&self) -> bool {
         self.env.cus.is_some() || self.env.memory_mib.is_some()
-    }
-}
-
-/// The CUs a grant of `granted` gets on a GPU whose CUs come in units of
-/// `unit` (WGP pairs on gfx10+): a grant below one unit (1 CU, HAMi's
-/// smallest, on a gfx10+ GPU) gets one whole unit, when one is free,
-/// rather than nothing; above that, whole units as before (rounded down).
-/// HAMi then counts one CU fewer than the pod holds; the occupancy the
-/// plugin rebuilds counts what it holds, and accepts that one unit as within
-/// the grant ([`crate::allocate::occupancy`]).
-pub fn smallest_share(granted: u32, unit: u32) -> u32 {
-    if granted > 0 && granted < unit {
-        unit
-    } else {
-        granted
     }
 }
 

@@ -24,6 +24,21 @@ pub fn cus_for_percent(total: u32, percent: u32) -> u32 {
     u32::try_from(clamped).unwrap_or(total)
 }
 
+/// The CUs a grant of `granted` gets on a GPU whose CUs come in units of
+/// `unit` (WGP pairs on gfx10+): a grant below one unit (1 CU, HAMi's
+/// smallest, on a gfx10+ GPU) gets one whole unit, when one is free,
+/// rather than nothing; above that, whole units as before (rounded down).
+/// HAMi then counts one CU fewer than the pod holds; the occupancy the
+/// plugin rebuilds counts what it holds, and accepts that one unit as within
+/// the grant.
+pub fn smallest_share(granted: u32, unit: u32) -> u32 {
+    if granted > 0 && granted < unit {
+        unit
+    } else {
+        granted
+    }
+}
+
 /// Occupancy of one GPU's logical CUs: a compact bitset, one bit per CU
 /// (set = claimed).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,7 +18,7 @@ pub mod bitmap;
 pub mod env;
 pub mod mask;
 
-pub use bitmap::{CuBitmap, cus_for_percent};
+pub use bitmap::{CuBitmap, cus_for_percent, smallest_share};
 pub use env::{ContainerEnv, GpuSlice, render_env};
 pub use mask::{GpuShape, format_id_list, parse_cu_mask};
 

@@ -2,8 +2,8 @@
 //!
 //! Without amd-gpud the plugin stays unready (`/readyz` needs a connected
 //! inventory) and lists no device; that alone tells an operator nothing.
-//! [`client`](super::client) classifies every failed session or read
-//! into an [`Unreachable`], and [`report`] turns a cause that lasts past a
+//! The inventory's follower (`gpud/client.rs`) classifies every failed
+//! session or read into an [`Unreachable`], and [`report`] turns a cause that lasts past a
 //! grace period (amd-gpud may simply start after the plugin) into one error
 //! in the pod's log and one Warning Event on the Node, each naming the
 //! command that fixes it; a cause that changes is said again, and a
@@ -14,10 +14,8 @@ use std::{fmt, future::Future, time::Duration};
 use tokio::{sync::watch, time::Instant};
 use tracing::{error, info};
 
-use crate::{
-    gpud::client::SessionError,
-    kube::{Caches, Events, Regarding},
-};
+use super::bus::SessionError;
+use crate::kube::{Caches, Events, Regarding};
 
 /// The Event reasons.
 pub const UNREACHABLE: &str = "AMDGPUDaemonUnreachable";

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 use zbus::proxy::CacheProperties;
 
-use crate::gpud::client::{Bus, SessionError, connect};
+use super::bus::{Bus, SessionError, connect};
 
 /// Between two calls. amd-gpud reads the host at most once per 2 s anyway.
 pub const EVERY: Duration = Duration::from_secs(5);

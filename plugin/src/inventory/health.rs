@@ -14,11 +14,8 @@ use ipc::types::GpuInfo;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{
-    gpud::client::Snapshot,
-    inventory::gpu_id,
-    kube::{Caches, Events, Regarding},
-};
+use super::{Snapshot, gpu_id};
+use crate::kube::{Caches, Events, Regarding};
 
 /// The Event reasons.
 pub const UNHEALTHY: &str = "AMDGPUUnhealthy";

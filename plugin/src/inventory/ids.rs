@@ -18,7 +18,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use ipc::types::GpuInfo;
 
-use crate::{gpud::client::Snapshot, hami::ContainerDevice, inventory::gpu_id};
+use super::{Snapshot, gpu_id};
+use crate::hami::ContainerDevice;
 
 /// Why an ID names no single device.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,7 +1,8 @@
 //! What the node offers: from amd-gpud's GPUs to the kubelet devices and
 //! the topology GetPreferredAllocation ranks.
 //!
-//! * here: the [`DeviceTable`] kubelet's ListAndWatch serves, and the GPU id;
+//! * here: the [`Snapshot`] of amd-gpud's inventory as followed, the
+//!   [`DeviceTable`] kubelet's ListAndWatch serves, and the GPU id;
 //! * [`partition`]: the view of the inventory in partition mode;
 //! * [`ids`]: every name a device has been published under;
 //! * [`health`]: Node Events for GPU health transitions.
@@ -15,14 +16,45 @@ pub mod health;
 pub mod ids;
 pub mod partition;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
-use ipc::types::GpuInfo;
+use ipc::types::{GpuInfo, PartitionInfo};
 
-use crate::{
-    gpud::client::Snapshot,
-    preferred::{self, GpuTopology, Link, LinkKind},
-};
+use crate::preferred::{self, GpuTopology, Link, LinkKind};
+
+/// The inventory as last read from amd-gpud.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// GPUs ordered by PCI address, missing ones included (health `Missing`).
+    pub gpus: Vec<GpuInfo>,
+    /// Each GPU's partitions (one when unpartitioned), by the GPU's PCI address.
+    pub partitions: BTreeMap<String, Vec<PartitionInfo>>,
+    /// Whether amd-gpud answered the last time we asked.
+    pub connected: bool,
+    /// amd-gpud's VRAM cap backend: `on`, or `off: <reason>`.
+    pub dmem_backend: String,
+    /// In partition mode, each partition device's key (its own PCI address,
+    /// from KFD) to its physical GPU's; empty otherwise.
+    pub parents: BTreeMap<String, String>,
+}
+
+impl Snapshot {
+    /// The physical GPU's PCI address of device `bdf` (itself unless it is a
+    /// partition device).
+    pub fn physical_bdf<'a>(&'a self, bdf: &'a str) -> &'a str {
+        self.parents.get(bdf).map_or(bdf, String::as_str)
+    }
+
+    /// Whether device `bdf` is a compute partition allocated whole.
+    pub fn is_partition(&self, bdf: &str) -> bool {
+        self.parents.contains_key(bdf)
+    }
+
+    /// Whether amd-gpud can cap VRAM.
+    pub fn dmem_on(&self) -> bool {
+        self.connected && self.dmem_backend == "on"
+    }
+}
 
 /// One kubelet device.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use std::str::FromStr;
 use ipc::types::GpuInfo;
 use tokio::sync::watch;
 
-use crate::{gpud::client::Snapshot, inventory::gpu_id};
+use super::{Snapshot, gpu_id};
 
 /// The node annotation that chooses the operating mode (it wins over the flag).
 pub const MODE_ANNOTATION: &str = "hami.io/amd-operating-mode";

@@ -8,7 +8,9 @@ mod events;
 mod progress;
 
 use std::{
-    path::Path,
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    str::FromStr,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -18,7 +20,10 @@ use std::{
 
 pub use events::{Events, Regarding};
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::{
+    api::core::v1::{Container, Node, Pod},
+    apimachinery::pkg::api::resource::Quantity,
+};
 use kube::{
     Api, Client, Config,
     config::{KubeConfigOptions, Kubeconfig},
@@ -26,8 +31,6 @@ use kube::{
 };
 pub use progress::{CacheMark, WatchProgress};
 use tracing::warn;
-
-use crate::config::KubeAccess;
 
 /// Timeout of every non-watch call (and of connecting).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -214,4 +217,37 @@ where
         }
     });
     reader
+}
+
+/// How the plugin reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeAccess {
+    None,
+    Auto,
+    Kubeconfig(PathBuf),
+}
+
+impl FromStr for KubeAccess {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "" => Err("--kube needs none, auto or a kubeconfig path".to_owned()),
+            "none" => Ok(Self::None),
+            "auto" => Ok(Self::Auto),
+            path => Ok(Self::Kubeconfig(PathBuf::from(path))),
+        }
+    }
+}
+
+/// How many devices of `resource` `container` asks for (its limit, or its
+/// request when only that is given); `None` when none or unparsable.
+pub fn container_asks(container: &Container, resource: &str) -> Option<u64> {
+    let r = container.resources.as_ref()?;
+    let of = |m: &Option<BTreeMap<String, Quantity>>| {
+        m.as_ref()
+            .and_then(|m| m.get(resource))
+            .map(|q| q.0.trim().parse::<u64>())
+    };
+    of(&r.limits).or_else(|| of(&r.requests))?.ok()
 }

@@ -19,11 +19,15 @@ use std::{
 
 use proto::v1beta1::device_plugin_server::DevicePluginServer;
 pub use registration::{RegisterError, register_once};
-pub use service::{AllocationHint, PluginService, options};
+pub use service::{PluginService, options};
 use tokio::sync::{Notify, oneshot, watch};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::{config::KubeAccess, inventory::DeviceTable, preferred::Policy};
+use crate::{
+    inventory::DeviceTable,
+    kube::KubeAccess,
+    preferred::{AllocationHint, Policy},
+};
 
 /// How often the sockets are checked for a kubelet restart.
 const WATCH_INTERVAL: Duration = Duration::from_millis(250);

@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service kubelet calls, over the device table.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Instant};
+use std::{pin::Pin, sync::Arc, time::Instant};
 
 use futures_util::Stream;
 use proto::v1beta1::{
@@ -14,20 +14,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{config::KubeAccess, inventory::DeviceTable, metrics::Metrics, preferred};
-
-/// A source of preferred devices that knows more than the topology: HAMi's
-/// decision for the pod being admitted. Consulted first by
-/// GetPreferredAllocation; `None` falls back to the allocator policy.
-pub trait AllocationHint: Send + Sync + std::fmt::Debug {
-    /// Preferred device ids for one container request, if this source knows.
-    fn preferred<'a>(
-        &'a self,
-        available: &'a [String],
-        must_include: &'a [String],
-        size: usize,
-    ) -> Pin<Box<dyn Future<Output = Option<Vec<String>>> + Send + 'a>>;
-}
+use crate::{
+    inventory::DeviceTable,
+    kube::KubeAccess,
+    metrics::Metrics,
+    preferred::{self, AllocationHint},
+};
 
 /// What the service answers with.
 #[derive(Debug, Clone)]

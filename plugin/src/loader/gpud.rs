@@ -8,7 +8,7 @@ use ipc::{ApiError, proxy::LoaderProxy};
 use zbus::proxy::CacheProperties;
 
 use super::{LoaderSink, SinkError, decide::Inspected};
-use crate::gpud::client::{Bus, connect};
+use crate::gpud::{Bus, connect};
 
 /// amd-gpud answers `InspectImage` within 20 s (a longer inspection goes on
 /// and answers Busy); kubelet gives PreStartContainer 30 s in all.

@@ -250,9 +250,8 @@ impl LoaderCheck {
                 Err(why) => kubelet_says = format!("{}: {why}", path.display()),
             }
         }
-        let mut asking = all().filter(|c| {
-            crate::allocate::container_asks(c, &self.resource_name).is_some_and(|n| n > 0)
-        });
+        let mut asking = all()
+            .filter(|c| crate::kube::container_asks(c, &self.resource_name).is_some_and(|n| n > 0));
         match (asking.next(), asking.next()) {
             (Some(only), None) => Ok(only),
             _ => Err(format!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{Exporter, Metrics, usage};
-use crate::{gpud::client::Snapshot, kube::Caches};
+use crate::{inventory::Snapshot, kube::Caches};
 
 /// What `/metrics` and `/readyz` read.
 #[derive(Clone)]

@@ -22,6 +22,7 @@
 //! otherwise for no container. Processes outside pod cgroups never reach
 //! the plugin.
 
+mod join;
 #[cfg(test)]
 mod tests;
 
@@ -38,9 +39,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{hami_join::Devices, usage::live};
+use self::join::Devices;
+use super::usage::live;
 use crate::{
-    gpud::client::Snapshot, hami::register::DeviceInfo, inventory::gpu_id,
+    hami::register::DeviceInfo, inventory::Snapshot, inventory::gpu_id,
     register::entries::product_name,
 };
 
@@ -53,7 +55,7 @@ struct HostLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
-pub(super) struct ContainerLabels {
+struct ContainerLabels {
     pub namespace: String,
     pub pod: String,
     pub container: String,
@@ -62,7 +64,7 @@ pub(super) struct ContainerLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct MaskLabels {
+struct MaskLabels {
     pub namespace: String,
     pub pod: String,
     pub device_uuid: String,
@@ -70,7 +72,7 @@ pub(super) struct MaskLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct ChargedLabels {
+struct ChargedLabels {
     pub namespace: String,
     pub pod: String,
     pub pci_bdf: String,
@@ -89,11 +91,11 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub struct HamiMetrics {
     host_memory: Family<HostLabels, Gauge>,
     host_utilization: Family<HostLabels, Gauge>,
-    pub(super) vgpu_used: Family<ContainerLabels, Gauge>,
-    pub(super) vgpu_limit: Family<ContainerLabels, Gauge>,
-    pub(super) container_cus: Family<ContainerLabels, Gauge>,
-    pub(super) cu_mask: Family<MaskLabels, Gauge>,
-    pub(super) charged: Family<ChargedLabels, Gauge>,
+    vgpu_used: Family<ContainerLabels, Gauge>,
+    vgpu_limit: Family<ContainerLabels, Gauge>,
+    container_cus: Family<ContainerLabels, Gauge>,
+    cu_mask: Family<MaskLabels, Gauge>,
+    charged: Family<ChargedLabels, Gauge>,
     temperature: Family<GpuLabels, FloatGauge>,
     power: Family<GpuLabels, FloatGauge>,
 }

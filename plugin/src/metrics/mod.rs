@@ -22,7 +22,6 @@
 
 mod exporter;
 pub mod hami;
-mod hami_join;
 pub mod server;
 pub mod usage;
 
@@ -42,7 +41,7 @@ pub use server::{Exporter, MetricsServerError};
 pub use usage::{GpuUsage, Usage, usage};
 
 use crate::{
-    gpud::client::Snapshot,
+    inventory::Snapshot,
     inventory::{gpu_id, slots_of},
 };
 

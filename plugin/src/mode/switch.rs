@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    gpud::client::{Bus, Snapshot, connect},
+    gpud::{Bus, connect},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    inventory::Snapshot,
     inventory::gpu_id,
     inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},

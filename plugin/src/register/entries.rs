@@ -11,8 +11,8 @@
 use ipc::types::GpuInfo;
 
 use crate::{
-    gpud::client::Snapshot,
     hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
+    inventory::Snapshot,
     inventory::{gpu_id, slots_of},
 };
 

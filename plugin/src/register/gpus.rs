@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use ipc::types::GpuInfo;
 use serde_json::{Map, Value, json};
 
-use crate::gpud::client::Snapshot;
+use crate::inventory::Snapshot;
 
 /// The node annotation with each physical GPU's facts.
 pub const GPUS_KEY: &str = "hami.io/node-amd-gpus";

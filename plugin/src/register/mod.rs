@@ -6,6 +6,10 @@
 //! an inventory or health change, or when someone else changed an annotation
 //! (checked again on a slow interval). On shutdown every device is
 //! republished unhealthy.
+//!
+//! * [`entries`]: the register annotation's value, one HAMi DeviceInfo per
+//!   device (the codec is [`crate::hami::register`]);
+//! * [`gpus`]: the `hami.io/node-amd-gpus` value, the facts once per GPU.
 
 use std::{future::Future, time::Duration};
 
@@ -24,8 +28,8 @@ pub mod gpus;
 use gpus::GPUS_KEY;
 
 use crate::{
-    gpud::client::Snapshot,
     hami::REGISTER_KEY,
+    inventory::Snapshot,
     kube::{CALL_TIMEOUT, Caches},
 };
 

@@ -12,7 +12,11 @@
 //! cap that cannot be applied fails the container start; with `auto` it is
 //! logged and reported as a Warning Event on the pod, and the container starts
 //! with the cooperative limit only.
+//!
+//! [`owners`] records and recovers the pod of each device id; [`gpud`] is
+//! the [`CapSink`] that asks amd-gpud.
 
+pub mod gpud;
 pub mod owners;
 
 use std::{collections::BTreeMap, fmt, future::Future, pin::Pin, sync::Arc};
@@ -25,8 +29,8 @@ use tracing::{info, warn};
 
 use crate::{
     config::DmemMode,
-    gpud::client::Snapshot,
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    inventory::Snapshot,
     inventory::gpu_id,
     kube::{Events, Regarding},
 };

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use crate::{
-    gpud::client::Snapshot,
+    inventory::Snapshot,
     metrics::{Metrics, hami::Inputs},
     testutil::{mi300x, partition},
 };
