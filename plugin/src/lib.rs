@@ -9,28 +9,28 @@
 
 #![deny(unsafe_code)]
 
-pub mod allocate;
-pub mod config;
-pub mod cu;
-pub mod gpud;
-pub mod hami;
+pub(crate) mod allocate;
+pub(crate) mod config;
+pub(crate) mod cu;
+pub(crate) mod gpud;
+pub(crate) mod hami;
 pub mod inventory;
-pub mod kube;
-pub mod kubelet;
-pub mod loader;
+pub(crate) mod kube;
+pub(crate) mod kubelet;
+pub(crate) mod loader;
 pub mod metrics;
-pub mod mode;
+pub(crate) mod mode;
 pub mod preferred;
-pub mod register;
+pub(crate) mod register;
 pub mod sandbox;
 #[cfg(test)]
 mod testutil;
-pub mod vram;
+pub(crate) mod vram;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
-pub use config::Cli;
+pub(crate) use config::Cli;
 use tokio::sync::watch;
 use tracing::info;
 
@@ -69,7 +69,7 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
 ///
 /// # Errors
 /// When the runtime or the plugin socket cannot be set up.
-pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing(&cli.log);
     // The configuration is read and the sandbox applied on this one thread,
     // before the runtime starts any other: landlock binds the calling thread
@@ -137,7 +137,7 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
 /// # Errors
 /// When the plugin or metrics socket cannot be bound or the signal handlers
 /// installed.
-pub async fn serve(
+pub(crate) async fn serve(
     cli: Cli,
     kube_config: Option<::kube::Config>,
     decoder: tokio::runtime::Handle,
@@ -183,7 +183,6 @@ pub async fn serve(
         socket: cli.socket_path(),
         resource_name: cli.resource_name.clone(),
         policy: cli.allocator_policy,
-        kube: cli.kube.clone(),
         allocator: side.as_ref().map(|s| s.allocator.clone()),
         hint: side.as_ref().map(|s| s.hint.clone()),
         vram: side.as_ref().map(|s| s.vram.clone()),
@@ -388,7 +387,7 @@ async fn until(mut stop: watch::Receiver<bool>) {
 }
 
 /// Keeps a device table in step with the snapshots.
-pub fn follow_devices(
+pub(crate) fn follow_devices(
     mut snapshots: watch::Receiver<inventory::Snapshot>,
     split_count: u32,
 ) -> watch::Receiver<DeviceTable> {

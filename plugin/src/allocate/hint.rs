@@ -23,8 +23,8 @@ use crate::{
 
 /// HAMi's choice, read from Allocate's view of the pods.
 #[derive(Clone)]
-pub struct HamiHint {
-    pub allocator: Arc<Allocator>,
+pub(crate) struct HamiHint {
+    pub(crate) allocator: Arc<Allocator>,
 }
 
 impl std::fmt::Debug for HamiHint {

@@ -24,17 +24,16 @@ use std::{
 };
 
 use admitted::Admitted;
-pub use deadline::ALLOCATE_DEADLINE;
+pub(crate) use deadline::ALLOCATE_DEADLINE;
 use deadline::hold_until;
-pub use hint::HamiHint;
+pub(crate) use hint::HamiHint;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
 };
-pub use pod::{LOCK_KEY, parse_lock};
 use proto::v1beta1::ContainerAllocateResponse;
-pub use reuse::CU_SPARE_KEY;
+pub(crate) use reuse::CU_SPARE_KEY;
 use serde_json::{Value, json};
 use tokio::{
     sync::{Mutex, watch},
@@ -53,27 +52,27 @@ use crate::{
 
 /// Where the host's device nodes and the memory hook are.
 #[derive(Debug, Clone)]
-pub struct AllocateConfig {
-    pub dev_dir: PathBuf,
-    pub hook_dir: PathBuf,
+pub(crate) struct AllocateConfig {
+    pub(crate) dev_dir: PathBuf,
+    pub(crate) hook_dir: PathBuf,
     /// The count resource kubelet allocates (`amd.com/gpu`), to tell which
     /// of the pod's containers HAMi's entries belong to.
-    pub resource_name: String,
+    pub(crate) resource_name: String,
     /// Answer with CDI device names (amd-gpud's spec) instead of device nodes.
-    pub cdi: bool,
+    pub(crate) cdi: bool,
     /// Kubelet's pod-resources socket: which pods it admitted with our
     /// devices (only their grants count); `None` when turned off.
-    pub pod_resources: Option<PathBuf>,
+    pub(crate) pod_resources: Option<PathBuf>,
     /// HAMi's pod annotations are protected by admission (`--annotations-protected`).
-    pub annotations_protected: bool,
+    pub(crate) annotations_protected: bool,
     /// With the loader check (`--loader-check`): the host directory under
     /// which amd-gpud stages each container's hook (`--loader-hook-root`).
-    pub staged_hooks: Option<PathBuf>,
+    pub(crate) staged_hooks: Option<PathBuf>,
 }
 
 /// Why an Allocate failed, as the `reason` label of the error metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// No pod being bound fits the request (cache and API server).
     NoPod,
     /// A HAMi annotation of the pod does not parse or has no entry left.
@@ -92,7 +91,7 @@ pub enum Reason {
 
 impl Reason {
     /// The metric label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::NoPod => "no_pod",
             Self::Annotation => "bad_annotation",
@@ -108,9 +107,9 @@ impl Reason {
 /// A failed Allocate: the message for kubelet and the reason for metrics.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
-pub struct AllocateError {
-    pub reason: Reason,
-    pub message: String,
+pub(crate) struct AllocateError {
+    pub(crate) reason: Reason,
+    pub(crate) message: String,
 }
 
 impl AllocateError {
@@ -143,7 +142,7 @@ impl<T, E: std::fmt::Display> Because<T> for Result<T, E> {
 }
 
 /// Serialised Allocate over the caches.
-pub struct Allocator {
+pub(crate) struct Allocator {
     client: Client,
     caches: Caches,
     snapshots: watch::Receiver<Snapshot>,
@@ -169,7 +168,7 @@ impl std::fmt::Debug for Allocator {
 }
 
 impl Allocator {
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         caches: Caches,
         snapshots: watch::Receiver<Snapshot>,
@@ -197,7 +196,7 @@ impl Allocator {
     /// A message for kubelet saying what failed; after the pod was found the
     /// pod is marked `bind-phase: failed` and the lock released first (in
     /// the background when that does not fit in the deadline).
-    pub async fn allocate(
+    pub(crate) async fn allocate(
         &self,
         ids: &[String],
     ) -> Result<ContainerAllocateResponse, AllocateError> {

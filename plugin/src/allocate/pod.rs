@@ -14,14 +14,14 @@ use crate::{
 };
 
 /// The node lock shared by every HAMi vendor.
-pub const LOCK_KEY: &str = "hami.io/mutex.lock";
-pub const BIND_PHASE_KEY: &str = "hami.io/bind-phase";
-pub const BIND_TIME_KEY: &str = "hami.io/bind-time";
-pub const VGPU_NODE_KEY: &str = "hami.io/vgpu-node";
+pub(crate) const LOCK_KEY: &str = "hami.io/mutex.lock";
+pub(crate) const BIND_PHASE_KEY: &str = "hami.io/bind-phase";
+pub(crate) const BIND_TIME_KEY: &str = "hami.io/bind-time";
+pub(crate) const VGPU_NODE_KEY: &str = "hami.io/vgpu-node";
 
 /// Who holds the node lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LockOwner {
+pub(crate) enum LockOwner {
     /// `<time>,<namespace>,<name>`.
     Pod { namespace: String, name: String },
     /// A bare time: the legacy form, no owner.
@@ -32,7 +32,7 @@ pub enum LockOwner {
 ///
 /// # Errors
 /// A value with commas that is not exactly three parts.
-pub fn parse_lock(value: &str) -> Result<LockOwner, String> {
+pub(crate) fn parse_lock(value: &str) -> Result<LockOwner, String> {
     if !value.contains(',') {
         return Ok(LockOwner::Legacy);
     }
@@ -51,7 +51,7 @@ pub fn parse_lock(value: &str) -> Result<LockOwner, String> {
 ///
 /// # Errors
 /// A malformed lock (which aborts Allocate, as in HAMi).
-pub fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
+pub(crate) fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
     match node.annotations().get(LOCK_KEY).map(|v| parse_lock(v)) {
         Some(Ok(LockOwner::Pod { namespace, name })) => Ok(Some((namespace, name))),
         Some(Err(err)) => Err(err),
@@ -60,7 +60,7 @@ pub fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
 }
 
 /// How many devices the pod's next to-allocate entry holds, if any.
-pub fn next_entry_len(pod: &Pod) -> Option<usize> {
+pub(crate) fn next_entry_len(pod: &Pod) -> Option<usize> {
     let value = pod.annotations().get(TO_ALLOCATE_KEY)?;
     let containers = parse_pod_devices(DevicesAnnotation::ToAllocate, value).ok()?;
     containers
@@ -72,12 +72,12 @@ pub fn next_entry_len(pod: &Pod) -> Option<usize> {
 /// What kubelet is allocating: `count` devices of `resource` on node
 /// `node_name`.
 #[derive(Debug, Clone, Copy)]
-pub struct Wanted<'a> {
-    pub node_name: &'a str,
-    pub resource: &'a str,
-    pub count: usize,
+pub(crate) struct Wanted<'a> {
+    pub(crate) node_name: &'a str,
+    pub(crate) resource: &'a str,
+    pub(crate) count: usize,
     /// Only HAMi and the plugin can write HAMi's pod annotations (admission).
-    pub annotations_protected: bool,
+    pub(crate) annotations_protected: bool,
 }
 
 /// The pod being bound for `wanted`: the lock owner when the node lock names
@@ -91,7 +91,7 @@ pub struct Wanted<'a> {
 ///
 /// # Errors
 /// A message saying why no pod, or no single pod, fits.
-pub fn find(
+pub(crate) fn find(
     node: Option<&Node>,
     pods: &[Arc<Pod>],
     wanted: Wanted<'_>,
@@ -183,7 +183,7 @@ fn asks_for(pod: &Pod, resource: &str, count: usize) -> bool {
 
 /// Whether a container (init or app) of `pod` asks for devices of
 /// `resource` at all.
-pub fn asks_for_any(pod: &Pod, resource: &str) -> bool {
+pub(crate) fn asks_for_any(pod: &Pod, resource: &str) -> bool {
     asked(pod, resource).any(|n| n > 0)
 }
 

@@ -16,24 +16,24 @@ use crate::{
 };
 
 /// amd-gpud's CDI kind.
-pub const CDI_KIND: &str = "amd.com/gpu";
+pub(crate) const CDI_KIND: &str = "amd.com/gpu";
 
 /// Where the hook is seen inside the container.
-pub const HOOK_IN_CONTAINER: &str = "/usr/local/vgpu/libamvgpu.so";
+pub(crate) const HOOK_IN_CONTAINER: &str = "/usr/local/vgpu/libamvgpu.so";
 const HOOK_FILE: &str = "libamvgpu.so";
 const MIB: u64 = 1024 * 1024;
 
 /// What one GPU of the container gets.
 #[derive(Debug, Clone)]
-pub struct Slice {
-    pub id: String,
-    pub env: GpuSlice,
+pub(crate) struct Slice {
+    pub(crate) id: String,
+    pub(crate) env: GpuSlice,
     /// The CUs the pod holds for it: the slice, or every CU of a whole GPU.
-    pub claimed: Vec<Range<u32>>,
-    pub card_minor: Option<u32>,
-    pub render_minor: Option<u32>,
+    pub(crate) claimed: Vec<Range<u32>>,
+    pub(crate) card_minor: Option<u32>,
+    pub(crate) render_minor: Option<u32>,
     /// The device's name in amd-gpud's CDI spec (its partition's PCI address).
-    pub cdi_name: Option<String>,
+    pub(crate) cdi_name: Option<String>,
 }
 
 impl Slice {
@@ -47,7 +47,7 @@ impl Slice {
 ///
 /// # Errors
 /// When the CUs cannot be had (the message says why and the smallest share).
-pub fn slice(
+pub(crate) fn slice(
     gpu: &GpuInfo,
     parts: &[PartitionInfo],
     device: &ContainerDevice,
@@ -114,7 +114,7 @@ fn device(host: String, container: String) -> DeviceSpec {
 ///
 /// # Errors
 /// When the environment would not be valid for ROCr.
-pub fn build(
+pub(crate) fn build(
     slices: &[Slice],
     config: &AllocateConfig,
     staged: Option<&Path>,

@@ -7,14 +7,14 @@ use zbus::Connection;
 
 /// Where amd-gpud is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bus {
+pub(crate) enum Bus {
     System,
     Address(String),
 }
 
 /// Why a session with amd-gpud ended.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub(crate) enum SessionError {
     #[error("cannot connect to the bus: {0}")]
     Connect(#[source] zbus::Error),
     #[error("D-Bus error: {0}")]
@@ -31,7 +31,7 @@ pub enum SessionError {
 ///
 /// # Errors
 /// When the bus cannot be reached.
-pub async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
+pub(crate) async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
     let built = match bus {
         Bus::System => Connection::system().await,
         Bus::Address(address) => {

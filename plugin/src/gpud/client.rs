@@ -32,14 +32,14 @@ use crate::inventory::{Snapshot, gpu_id};
 /// from memory (milliseconds for 64 partitions); a read that takes longer
 /// means amd-gpud is hung, and without a bound the session would wait for
 /// it forever, the snapshot still marked connected.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What [`spawn`] follows: the latest inventory, and how the last attempt
 /// to reach amd-gpud went (for [`crate::gpud::reach::report`]).
 #[derive(Debug, Clone)]
-pub struct Followed {
-    pub snapshots: watch::Receiver<Snapshot>,
-    pub reach: watch::Receiver<Reach>,
+pub(crate) struct Followed {
+    pub(crate) snapshots: watch::Receiver<Snapshot>,
+    pub(crate) reach: watch::Receiver<Reach>,
 }
 
 /// The sending side of [`Followed`].
@@ -87,7 +87,7 @@ fn kind(reach: &Reach) -> Option<&'static str> {
 /// and reach. Besides the signals, the whole inventory (health included) is
 /// read again every `pulse`, so that a missed signal costs at most one pulse;
 /// a zero pulse reads on signals only.
-pub fn spawn(bus: Bus, pulse: Duration) -> Followed {
+pub(crate) fn spawn(bus: Bus, pulse: Duration) -> Followed {
     let (snapshots, snapshots_rx) = watch::channel(Snapshot::default());
     let (reach, reach_rx) = watch::channel(Reach::default());
     let uid = rustix::process::getuid().as_raw();
@@ -255,7 +255,7 @@ async fn read_within(
 }
 
 /// Why a GPU kept by [`keep_vanished`] is missing.
-pub const VANISHED_REASON: &str = "amd-gpud no longer lists it (it restarted after the GPU went away); kept as missing until the plugin restarts";
+pub(crate) const VANISHED_REASON: &str = "amd-gpud no longer lists it (it restarted after the GPU went away); kept as missing until the plugin restarts";
 
 /// Carries the GPUs of `previous` that `fresh` no longer lists into `fresh`,
 /// missing with their partitions. amd-gpud keeps a GPU that goes away as

@@ -7,9 +7,9 @@
 //!   Event) with the fix.
 //! * [`usage`]: what pods and GPUs use (`GetUsage`), kept for `/metrics`.
 
-pub mod bus;
-pub mod client;
-pub mod reach;
-pub mod usage;
+pub(crate) mod bus;
+pub(crate) mod client;
+pub(crate) mod reach;
+pub(crate) mod usage;
 
-pub use bus::{Bus, SessionError, connect};
+pub(crate) use bus::{Bus, connect};

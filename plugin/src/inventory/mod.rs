@@ -12,9 +12,9 @@
 //! separators): AMD SMI's UUID when known, else ROCr's UUID, else one derived
 //! from the PCI address.
 
-pub mod health;
-pub mod ids;
-pub mod partition;
+pub(crate) mod health;
+pub(crate) mod ids;
+pub(crate) mod partition;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -41,17 +41,17 @@ pub struct Snapshot {
 impl Snapshot {
     /// The physical GPU's PCI address of device `bdf` (itself unless it is a
     /// partition device).
-    pub fn physical_bdf<'a>(&'a self, bdf: &'a str) -> &'a str {
+    pub(crate) fn physical_bdf<'a>(&'a self, bdf: &'a str) -> &'a str {
         self.parents.get(bdf).map_or(bdf, String::as_str)
     }
 
     /// Whether device `bdf` is a compute partition allocated whole.
-    pub fn is_partition(&self, bdf: &str) -> bool {
+    pub(crate) fn is_partition(&self, bdf: &str) -> bool {
         self.parents.contains_key(bdf)
     }
 
     /// Whether amd-gpud can cap VRAM.
-    pub fn dmem_on(&self) -> bool {
+    pub(crate) fn dmem_on(&self) -> bool {
         self.connected && self.dmem_backend == "on"
     }
 }
@@ -75,7 +75,7 @@ pub struct DeviceTable {
 /// it under (chosen once and kept across AMD SMI failures and restarts,
 /// gpud/src/published_ids.rs); from an amd-gpud too old to say, the AMD SMI
 /// UUID, the ROCr UUID or the PCI address, whichever is there.
-pub fn gpu_id(gpu: &GpuInfo) -> String {
+pub(crate) fn gpu_id(gpu: &GpuInfo) -> String {
     let clean = |s: &str| !s.is_empty() && !s.contains([',', ':', ';', '#']);
     if clean(&gpu.published_id) {
         gpu.published_id.clone()
@@ -89,7 +89,7 @@ pub fn gpu_id(gpu: &GpuInfo) -> String {
 }
 
 /// Devices per GPU when `--split-count 0`: 2 on gfx12 and later, else 10.
-pub fn default_split(gfx: &str) -> u32 {
+pub(crate) fn default_split(gfx: &str) -> u32 {
     let digits = gfx.strip_prefix("gfx").unwrap_or_default();
     // The last two characters are minor and stepping; the rest is the major.
     let major = digits
@@ -103,7 +103,7 @@ pub fn default_split(gfx: &str) -> u32 {
 /// (0: the per-GPU default), but never more than the GPU's allocation units
 /// (CUs, or WGPs on gfx10+). A slot that can get no CU of its own cannot
 /// be served: a 2-CU gfx10 iGPU has one WGP, so it offers one slot, not 10.
-pub fn slots_of(gpu: &GpuInfo, split_count: u32) -> u32 {
+pub(crate) fn slots_of(gpu: &GpuInfo, split_count: u32) -> u32 {
     let wanted = if split_count == 0 {
         default_split(&gpu.gfx)
     } else {

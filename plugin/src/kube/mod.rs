@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-pub use events::{Events, Regarding};
+pub(crate) use events::{Events, Regarding};
 use futures_util::StreamExt;
 use k8s_openapi::{
     api::core::v1::{Container, Node, Pod},
@@ -29,15 +29,15 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
-pub use progress::{CacheMark, WatchProgress};
+pub(crate) use progress::{CacheMark, WatchProgress};
 use tracing::warn;
 
 /// Timeout of every non-watch call (and of connecting).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the Kubernetes side could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
     Infer(#[source] kube::config::InferConfigError),
     #[error("cannot read the kubeconfig {path}: {source}")]
@@ -56,7 +56,7 @@ pub enum KubeError {
 ///
 /// # Errors
 /// When the configuration cannot be found or read.
-pub async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
+pub(crate) async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
     let mut config = match access {
         KubeAccess::None => return Ok(None),
         KubeAccess::Auto => Config::infer().await.map_err(KubeError::Infer)?,
@@ -71,13 +71,13 @@ pub async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
 ///
 /// # Errors
 /// When the client cannot be built.
-pub fn client(config: Config) -> Result<Client, KubeError> {
+pub(crate) fn client(config: Config) -> Result<Client, KubeError> {
     Client::try_from(config).map_err(KubeError::Client)
 }
 
 /// The API server's TCP port in `config` (the scheme's default when the URL
 /// names none).
-pub fn api_port(config: &Config) -> u16 {
+pub(crate) fn api_port(config: &Config) -> u16 {
     let url = &config.cluster_url;
     url.port_u16()
         .unwrap_or(if url.scheme_str() == Some("http") {
@@ -100,12 +100,12 @@ async fn from_file(path: &Path) -> Result<Config, KubeError> {
 
 /// Watch-fed caches of this node and of the pods on it.
 #[derive(Clone)]
-pub struct Caches {
-    pub node_name: String,
-    pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
+pub(crate) struct Caches {
+    pub(crate) node_name: String,
+    pub(crate) nodes: Store<Node>,
+    pub(crate) pods: Store<Pod>,
     /// How far the pods watch has brought [`Self::pods`].
-    pub pods_progress: Arc<WatchProgress>,
+    pub(crate) pods_progress: Arc<WatchProgress>,
     /// Whether each watch (node, pods) got an answer last time, not an error.
     watching: Arc<[AtomicBool; 2]>,
 }
@@ -114,7 +114,11 @@ impl Caches {
     /// Starts the watches (each restarts with back-off on errors) on
     /// `decoder`: every change of a pod on this node comes as a whole object
     /// to decode, work that must not queue in front of a kubelet call.
-    pub fn start(client: &Client, node_name: &str, decoder: &tokio::runtime::Handle) -> Self {
+    pub(crate) fn start(
+        client: &Client,
+        node_name: &str,
+        decoder: &tokio::runtime::Handle,
+    ) -> Self {
         let node_fields = format!("metadata.name={node_name}");
         let pod_fields = format!("spec.nodeName={node_name}");
         let watching = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
@@ -143,9 +147,10 @@ impl Caches {
         }
     }
 
+    #[cfg(test)]
     /// Caches over stores filled by someone else (tests, tools); they count
     /// as connected.
-    pub fn from_stores(node_name: &str, nodes: Store<Node>, pods: Store<Pod>) -> Self {
+    pub(crate) fn from_stores(node_name: &str, nodes: Store<Node>, pods: Store<Pod>) -> Self {
         Self {
             node_name: node_name.to_owned(),
             nodes,
@@ -157,25 +162,25 @@ impl Caches {
 
     /// The cached pods, and the mark taken just before they were read (what
     /// their absence means, see [`CacheMark::covers`]).
-    pub fn pods_with_mark(&self) -> (CacheMark, Vec<Arc<Pod>>) {
+    pub(crate) fn pods_with_mark(&self) -> (CacheMark, Vec<Arc<Pod>>) {
         let mark = self.pods_progress.mark();
         (mark, self.pods.state())
     }
 
     /// Whether the node watch's last answer from the API server was not an
     /// error (else the cached node may be stale).
-    pub fn node_watch_answering(&self) -> bool {
+    pub(crate) fn node_watch_answering(&self) -> bool {
         self.watching[0].load(Ordering::Relaxed)
     }
 
     /// Whether both watches work: their last answer from the API server was
     /// not an error.
-    pub fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.watching.iter().all(|w| w.load(Ordering::Relaxed))
     }
 
     /// This node as last seen by the watch.
-    pub fn node(&self) -> Option<std::sync::Arc<Node>> {
+    pub(crate) fn node(&self) -> Option<std::sync::Arc<Node>> {
         self.nodes
             .state()
             .into_iter()
@@ -221,7 +226,7 @@ where
 
 /// How the plugin reaches the Kubernetes API.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeAccess {
+pub(crate) enum KubeAccess {
     None,
     Auto,
     Kubeconfig(PathBuf),
@@ -242,7 +247,7 @@ impl FromStr for KubeAccess {
 
 /// How many devices of `resource` `container` asks for (its limit, or its
 /// request when only that is given); `None` when none or unparsable.
-pub fn container_asks(container: &Container, resource: &str) -> Option<u64> {
+pub(crate) fn container_asks(container: &Container, resource: &str) -> Option<u64> {
     let r = container.resources.as_ref()?;
     let of = |m: &Option<BTreeMap<String, Quantity>>| {
         m.as_ref()

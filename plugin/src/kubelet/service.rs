@@ -16,37 +16,35 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
     inventory::DeviceTable,
-    kube::KubeAccess,
     metrics::Metrics,
     preferred::{self, AllocationHint},
 };
 
 /// What the service answers with.
 #[derive(Debug, Clone)]
-pub struct PluginService {
-    pub devices: watch::Receiver<DeviceTable>,
-    pub policy: preferred::Policy,
-    pub kube: KubeAccess,
+pub(crate) struct PluginService {
+    pub(crate) devices: watch::Receiver<DeviceTable>,
+    pub(crate) policy: preferred::Policy,
     /// Notified when kubelet's ListAndWatch stream goes away.
-    pub stream_closed: Arc<Notify>,
+    pub(crate) stream_closed: Arc<Notify>,
     /// HAMi's choice, when the allocation protocol provides one.
-    pub hint: Option<Arc<dyn AllocationHint>>,
+    pub(crate) hint: Option<Arc<dyn AllocationHint>>,
     /// HAMi's Allocate, when the Kubernetes API is available.
-    pub allocator: Option<Arc<crate::allocate::Allocator>>,
+    pub(crate) allocator: Option<Arc<crate::allocate::Allocator>>,
     /// VRAM caps at PreStartContainer, when the Kubernetes API is available.
-    pub vram: Option<Arc<crate::vram::VramCaps>>,
+    pub(crate) vram: Option<Arc<crate::vram::VramCaps>>,
     /// The loader check at PreStartContainer (`--loader-check`).
-    pub loader: Option<Arc<crate::loader::LoaderCheck>>,
+    pub(crate) loader: Option<Arc<crate::loader::LoaderCheck>>,
     /// Turns true when this server stops: open streams end so that the
     /// server's graceful shutdown does not wait on kubelet.
-    pub stopping: watch::Receiver<bool>,
+    pub(crate) stopping: watch::Receiver<bool>,
     /// Allocate counts, errors and latency.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// The options, the same in Register and GetDevicePluginOptions;
 /// PreStartContainer only when VRAM caps need it.
-pub fn options(pre_start_required: bool) -> DevicePluginOptions {
+pub(crate) fn options(pre_start_required: bool) -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required,
         get_preferred_allocation_available: true,
@@ -250,7 +248,6 @@ mod tests {
         PluginService {
             devices: tx.subscribe(),
             policy: preferred::Policy::BestEffort,
-            kube: KubeAccess::None,
             stream_closed: Arc::new(Notify::new()),
             hint,
             allocator: None,

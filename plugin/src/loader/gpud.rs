@@ -17,8 +17,8 @@ const STAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The loader check through amd-gpud.
 #[derive(Debug, Clone)]
-pub struct GpudLoader {
-    pub bus: Bus,
+pub(crate) struct GpudLoader {
+    pub(crate) bus: Bus,
 }
 
 fn sink_error(err: ApiError) -> SinkError {

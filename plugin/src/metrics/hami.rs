@@ -56,26 +56,26 @@ struct HostLabels {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
 struct ContainerLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    pub vdevice_index: String,
-    pub device_uuid: String,
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) container: String,
+    pub(crate) vdevice_index: String,
+    pub(crate) device_uuid: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct MaskLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub device_uuid: String,
-    pub mask: String,
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) device_uuid: String,
+    pub(crate) mask: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ChargedLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub pci_bdf: String,
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) pci_bdf: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -88,7 +88,7 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// The usage series.
 #[derive(Debug, Default)]
-pub struct HamiMetrics {
+pub(crate) struct HamiMetrics {
     host_memory: Family<HostLabels, Gauge>,
     host_utilization: Family<HostLabels, Gauge>,
     vgpu_used: Family<ContainerLabels, Gauge>,
@@ -100,8 +100,9 @@ pub struct HamiMetrics {
     power: Family<GpuLabels, FloatGauge>,
 }
 
+#[cfg(test)]
 /// Every series name this module exports (the dashboard check reads them).
-pub const SERIES: [&str; 9] = [
+pub(crate) const SERIES: [&str; 9] = [
     "hami_host_gpu_memory_used_bytes",
     "hami_host_gpu_utilization_ratio",
     "hami_vgpu_memory_used_bytes",
@@ -124,7 +125,7 @@ pub struct Inputs<'a> {
 
 impl HamiMetrics {
     /// Registers HAMi's series in `hami` (no prefix; HAMi's `zone` label).
-    pub fn register_hami(&self, hami: &mut Registry) {
+    pub(crate) fn register_hami(&self, hami: &mut Registry) {
         hami.register(
             "hami_host_gpu_memory_used_bytes",
             "GPU device memory usage in bytes",
@@ -148,7 +149,7 @@ impl HamiMetrics {
     }
 
     /// Registers our series in `ours` (the `amdgpu_dp` prefix).
-    pub fn register_ours(&self, ours: &mut Registry) {
+    pub(crate) fn register_ours(&self, ours: &mut Registry) {
         ours.register(
             "container_compute_units",
             "CUs HAMi granted each container on each device",
@@ -178,7 +179,7 @@ impl HamiMetrics {
 
     /// Sets every series from `inputs`; what is no longer there loses its
     /// series.
-    pub fn observe(&self, inputs: &Inputs<'_>) {
+    pub(crate) fn observe(&self, inputs: &Inputs<'_>) {
         self.host_memory.clear();
         self.host_utilization.clear();
         self.temperature.clear();

@@ -21,15 +21,15 @@ use crate::{
 };
 
 /// The Event reasons.
-pub const CHANGED: &str = "OperatingModeChanged";
-pub const DEFERRED: &str = "OperatingModeDeferred";
+pub(crate) const CHANGED: &str = "OperatingModeChanged";
+pub(crate) const DEFERRED: &str = "OperatingModeDeferred";
 
 /// How often the annotation and the allocations are looked at.
 const CHECK: Duration = Duration::from_secs(2);
 
 /// Follows the node annotation until `shutdown`, sending each mode change
 /// on `mode` once no allocation is live. Needs the watch caches.
-pub async fn follow(
+pub(crate) async fn follow(
     sources: Sources,
     flag: OperatingMode,
     mode: watch::Sender<OperatingMode>,

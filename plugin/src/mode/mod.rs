@@ -8,5 +8,5 @@
 //! The view of the inventory in each mode is
 //! [`inventory::partition`](crate::inventory::partition).
 
-pub mod follow;
-pub mod switch;
+pub(crate) mod follow;
+pub(crate) mod switch;

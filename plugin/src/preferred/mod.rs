@@ -66,7 +66,7 @@ use pool::{Answer, Pool};
 /// A source of preferred devices that knows more than the topology: HAMi's
 /// decision for the pod being admitted. Consulted first by
 /// GetPreferredAllocation; `None` falls back to the allocator policy.
-pub trait AllocationHint: Send + Sync + std::fmt::Debug {
+pub(crate) trait AllocationHint: Send + Sync + std::fmt::Debug {
     /// Preferred device ids for one container request, if this source knows.
     fn preferred<'a>(
         &'a self,
@@ -89,7 +89,7 @@ pub enum Policy {
 impl Policy {
     /// The canonical name, accepted back by [`FromStr`].
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::BestEffort => "besteffort",
             Self::Spread => "spread",

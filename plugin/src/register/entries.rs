@@ -20,11 +20,11 @@ const MIB: u64 = 1024 * 1024;
 
 /// `custominfo.gpuBDF`: a partition device's physical GPU, the key of its
 /// entry in `hami.io/node-amd-gpus`.
-pub const GPU_BDF: &str = "gpuBDF";
+pub(crate) const GPU_BDF: &str = "gpuBDF";
 
 /// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
 /// graceful stop).
-pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
+pub(crate) fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
     let count = slots_of(gpu, split_count);
     let mut info = DeviceInfo {
         id: gpu_id(gpu),
@@ -76,7 +76,7 @@ pub(crate) fn product_name(gpu: &GpuInfo) -> String {
 /// # Errors
 /// When a device would break HAMi's parser (the error names it), or the
 /// snapshot holds no GPU (HAMi ignores an empty list and keeps stale devices).
-pub fn annotation(
+pub(crate) fn annotation(
     snapshot: &Snapshot,
     split_count: u32,
     healthy: bool,
@@ -137,7 +137,7 @@ fn add_rocr_selection(info: &mut DeviceInfo, gpu: &GpuInfo) {
 
 /// Whether the node must be patched: only when the wanted value differs from
 /// what the node carries now.
-pub fn needs_write(wanted: &str, on_node: Option<&str>) -> bool {
+pub(crate) fn needs_write(wanted: &str, on_node: Option<&str>) -> bool {
     on_node != Some(wanted)
 }
 

@@ -22,8 +22,8 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub mod entries;
-pub mod gpus;
+pub(crate) mod entries;
+pub(crate) mod gpus;
 
 use gpus::GPUS_KEY;
 
@@ -35,14 +35,14 @@ use crate::{
 
 /// How the registrar runs.
 #[derive(Debug, Clone)]
-pub struct RegisterConfig {
-    pub split_count: u32,
+pub(crate) struct RegisterConfig {
+    pub(crate) split_count: u32,
     /// How often the node's annotation is compared again without a change.
-    pub recheck: Duration,
+    pub(crate) recheck: Duration,
 }
 
 /// Runs until `shutdown`, then publishes every device unhealthy.
-pub async fn run_register(
+pub(crate) async fn run_register(
     client: Client,
     caches: Caches,
     mut snapshots: watch::Receiver<Snapshot>,

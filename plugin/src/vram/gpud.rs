@@ -16,9 +16,9 @@ use crate::{
 /// amd-gpud's `SetPodVramLimits`, over a fresh connection per call (a
 /// container start is rare, and amd-gpud may have restarted in between).
 #[derive(Debug, Clone)]
-pub struct GpudCaps {
-    pub bus: Bus,
-    pub snapshots: watch::Receiver<Snapshot>,
+pub(crate) struct GpudCaps {
+    pub(crate) bus: Bus,
+    pub(crate) snapshots: watch::Receiver<Snapshot>,
 }
 
 impl CapSink for GpudCaps {
