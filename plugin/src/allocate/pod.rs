@@ -28,11 +28,48 @@ pub(crate) enum LockOwner {
     Legacy,
 }
 
+/// A `hami.io/mutex.lock` with commas that is not `<time>,<namespace>,<pod>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{LOCK_KEY} {value:?} is not <time>,<namespace>,<pod>")]
+pub(crate) struct LockError {
+    pub(crate) value: String,
+}
+
+/// Why no pod, or no single pod, is the one being bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FindError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(
+        "the node lock names {pod}, which has no pending entry of {count} device(s) on node \
+         {node}"
+    )]
+    LockOwnerNotPending {
+        pod: String,
+        count: usize,
+        node: String,
+    },
+    #[error("no binding pod found on node {node} for {count} AMD device(s)")]
+    NoPod { node: String, count: usize },
+    #[error(
+        "{} pods on node {node} claim to be bound for {count} AMD device(s) and no node lock \
+         names one: {}; refusing to guess, since their bind-time is theirs to write \
+         (--annotations-protected once admission protects HAMi's annotations)",
+        pods.len(),
+        pods.join(", ")
+    )]
+    Ambiguous {
+        node: String,
+        count: usize,
+        pods: Vec<String>,
+    },
+}
+
 /// Parses `hami.io/mutex.lock` (§3.7).
 ///
 /// # Errors
 /// A value with commas that is not exactly three parts.
-pub(crate) fn parse_lock(value: &str) -> Result<LockOwner, String> {
+pub(crate) fn parse_lock(value: &str) -> Result<LockOwner, LockError> {
     if !value.contains(',') {
         return Ok(LockOwner::Legacy);
     }
@@ -41,9 +78,9 @@ pub(crate) fn parse_lock(value: &str) -> Result<LockOwner, String> {
             namespace: (*ns).to_owned(),
             name: (*name).to_owned(),
         }),
-        _ => Err(format!(
-            "{LOCK_KEY} {value:?} is not <time>,<namespace>,<pod>"
-        )),
+        _ => Err(LockError {
+            value: value.to_owned(),
+        }),
     }
 }
 
@@ -51,7 +88,7 @@ pub(crate) fn parse_lock(value: &str) -> Result<LockOwner, String> {
 ///
 /// # Errors
 /// A malformed lock (which aborts Allocate, as in HAMi).
-pub(crate) fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
+pub(crate) fn lock_owner(node: &Node) -> Result<Option<(String, String)>, LockError> {
     match node.annotations().get(LOCK_KEY).map(|v| parse_lock(v)) {
         Some(Ok(LockOwner::Pod { namespace, name })) => Ok(Some((namespace, name))),
         Some(Err(err)) => Err(err),
@@ -95,7 +132,7 @@ pub(crate) fn find(
     node: Option<&Node>,
     pods: &[Arc<Pod>],
     wanted: Wanted<'_>,
-) -> Result<Arc<Pod>, String> {
+) -> Result<Arc<Pod>, FindError> {
     let Wanted {
         node_name, count, ..
     } = wanted;
@@ -107,11 +144,10 @@ pub(crate) fn find(
             .find(|p| p.namespace().as_deref() == Some(namespace.as_str()) && p.name_any() == name)
             .filter(|p| next_entry_len(p) == Some(count))
             .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "the node lock names {namespace}/{name}, which has no pending entry of {count} \
-                     device(s) on node {node_name}"
-                )
+            .ok_or_else(|| FindError::LockOwnerNotPending {
+                pod: format!("{namespace}/{name}"),
+                count,
+                node: node_name.to_owned(),
             });
     }
     let mut candidates: Vec<&Arc<Pod>> = pods
@@ -129,23 +165,18 @@ pub(crate) fn find(
     }
     match candidates.as_slice() {
         [one] => Ok(Arc::clone(one)),
-        [] => Err(format!(
-            "no binding pod found on node {node_name} for {count} AMD device(s)"
-        )),
-        many => {
-            let names: Vec<String> = many
+        [] => Err(FindError::NoPod {
+            node: node_name.to_owned(),
+            count,
+        }),
+        many => Err(FindError::Ambiguous {
+            node: node_name.to_owned(),
+            count,
+            pods: many
                 .iter()
                 .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-                .collect();
-            Err(format!(
-                "{} pods on node {node_name} claim to be bound for {count} AMD device(s) and \
-                 no node lock names one: {}; refusing to guess, since their bind-time is \
-                 theirs to write (--annotations-protected once admission protects HAMi's \
-                 annotations)",
-                names.len(),
-                names.join(", ")
-            ))
-        }
+                .collect(),
+        }),
     }
 }
 
@@ -217,6 +248,7 @@ mod tests {
         assert!(
             parse_lock("2026-08-21T06:20:39Z,default")
                 .unwrap_err()
+                .to_string()
                 .contains("mutex.lock")
         );
         assert!(parse_lock("t,,x").is_err());

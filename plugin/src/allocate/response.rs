@@ -9,7 +9,11 @@ use std::{collections::HashMap, ops::Range, path::Path};
 use ipc::types::{GpuInfo, PartitionInfo};
 use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
-use super::{AllocateConfig, reuse::Reuse};
+use super::{
+    AllocateConfig,
+    error::{ResponseError, SliceError},
+    reuse::Reuse,
+};
 use crate::{
     cu::{CuBitmap, CuError, GpuSlice, render_env, smallest_share},
     hami::ContainerDevice,
@@ -53,10 +57,12 @@ pub(crate) fn slice(
     device: &ContainerDevice,
     maps: &mut HashMap<String, CuBitmap>,
     reuse: &mut Reuse,
-) -> Result<Slice, String> {
+) -> Result<Slice, SliceError> {
     let map = maps
         .get_mut(&device.uuid)
-        .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
+        .ok_or_else(|| SliceError::NoCuState {
+            gpu: device.uuid.clone(),
+        })?;
     let whole_cus = device.usedcores >= gpu.compute_units;
     // A whole GPU is claimed whole too: HAMi's usage count can miss a pod
     // (docs/hami-protocol.md §4.2), so neither side may take the other's CUs.
@@ -66,20 +72,22 @@ pub(crate) fn slice(
         reuse
             .choose(map, gpu.compute_units, 1)
             .map_err(|e| match e {
-                CuError::NotEnoughFree { gpu: id, free, .. } => format!(
-                    "HAMi granted GPU {id} whole, but only {free} of its {} CUs are free",
-                    gpu.compute_units
-                ),
-                other => other.to_string(),
+                CuError::NotEnoughFree {
+                    gpu: ref id, free, ..
+                } => SliceError::WholeNotFree {
+                    gpu: id.clone(),
+                    free,
+                    total: gpu.compute_units,
+                    source: e,
+                },
+                other => SliceError::Cu(other),
             })?
     } else {
-        reuse
-            .choose(
-                map,
-                smallest_share(device.usedcores, gpu.cus_per_wgp),
-                gpu.cus_per_wgp,
-            )
-            .map_err(|e| e.to_string())?
+        reuse.choose(
+            map,
+            smallest_share(device.usedcores, gpu.cus_per_wgp),
+            gpu.cus_per_wgp,
+        )?
     };
     let vram_mib = gpu.vram_bytes / MIB;
     let memory = u64::from(device.usedmem);
@@ -118,7 +126,7 @@ pub(crate) fn build(
     slices: &[Slice],
     config: &AllocateConfig,
     staged: Option<&Path>,
-) -> Result<ContainerAllocateResponse, String> {
+) -> Result<ContainerAllocateResponse, ResponseError> {
     let dev = |rel: &str| {
         (
             config.dev_dir.join(rel).display().to_string(),
@@ -140,18 +148,13 @@ pub(crate) fn build(
         }
     }
     let gpus: Vec<GpuSlice> = slices.iter().map(|s| s.env.clone()).collect();
-    let env = render_env(&gpus).map_err(|e| e.to_string())?;
+    let env = render_env(&gpus)?;
     let mut envs: HashMap<String, String> = env.vars.into_iter().collect();
     let mut mounts = Vec::new();
     if slices.iter().any(Slice::sliced) {
         let hook = config.hook_dir.join(HOOK_FILE);
         if !hook.is_file() {
-            return Err(format!(
-                "the memory hook {} is missing (--hook-path, AMDGPU_DP_HOOK_PATH): a slice's \
-                 memory limit would silently not apply, so no slice is handed out; install the \
-                 hook on the node or request whole GPUs",
-                hook.display()
-            ));
+            return Err(ResponseError::HookMissing { hook });
         }
         envs.insert("LD_AUDIT".to_owned(), HOOK_IN_CONTAINER.to_owned());
         mounts.push(match staged {

@@ -158,10 +158,10 @@ impl DevicePlugin for PluginService {
                     .allocate(&req.devices_ids)
                     .instrument(info_span!("allocate", devices = ?req.devices_ids))
                     .await;
-                let outcome = answer.as_ref().map(drop).map_err(|e| e.reason.label());
+                let outcome = answer.as_ref().map(drop).map_err(|e| e.reason().label());
                 self.metrics.record_allocate(started.elapsed(), outcome);
                 container_responses
-                    .push(answer.map_err(|e| Status::failed_precondition(e.message))?);
+                    .push(answer.map_err(|e| Status::failed_precondition(e.to_string()))?);
             }
             return Ok(Response::new(AllocateResponse {
                 container_responses,
