@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use plugin::allocator::{self, GpuTopology, Link, LinkKind, Policy};
+use plugin::preferred::{self, GpuTopology, Link, LinkKind, Policy};
 
 const ROUNDS: usize = 301;
 
@@ -46,7 +46,7 @@ fn main() {
     let gpus = topology();
     let available: Vec<String> = gpus
         .iter()
-        .flat_map(|g| (0..10).map(|s| allocator::slot_id(&g.id, s)))
+        .flat_map(|g| (0..10).map(|s| preferred::slot_id(&g.id, s)))
         .collect();
     println!(
         "| measure (64 partitions x 10 slots = {} IDs, {ROUNDS} rounds) | median | p99 |",
@@ -67,7 +67,7 @@ fn main() {
         let t = Instant::now();
         let parsed: Vec<_> = available
             .iter()
-            .filter_map(|id| allocator::parse_slot(id))
+            .filter_map(|id| preferred::parse_slot(id))
             .collect();
         black_box(parsed);
         floor.push(t.elapsed());
@@ -75,7 +75,7 @@ fn main() {
         for policy in [Policy::BestEffort, Policy::Spread] {
             for size in [1_usize, 2, 4, 8] {
                 let t = Instant::now();
-                let ids = allocator::preferred(policy, &gpus, &available, &[], size);
+                let ids = preferred::preferred(policy, &gpus, &available, &[], size);
                 let took = t.elapsed();
                 assert_eq!(ids.len(), size);
                 if let Some((_, times)) = row.next() {

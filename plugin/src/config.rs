@@ -5,24 +5,26 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr};
 
 use clap::Parser;
 
-use crate::{allocator::Policy, partition::OperatingMode, sandbox::SandboxMode};
+use crate::{
+    inventory::partition::OperatingMode, kube::KubeAccess, preferred::Policy, sandbox::SandboxMode,
+};
 
 /// Default kubelet device-plugin directory.
-pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+pub(crate) const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
 
 /// `amd-device-plugin`: the kubelet device plugin for AMD GPUs under HAMi.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "amd-device-plugin", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Kubelet's device-plugin directory (holds kubelet.sock and our socket).
     #[arg(long, env = "AMDGPU_DP_KUBELET_DIR", default_value = DEFAULT_KUBELET_DIR, value_name = "DIR")]
-    pub kubelet_dir: PathBuf,
+    pub(crate) kubelet_dir: PathBuf,
     /// D-Bus address of the bus amd-gpud is on; the system bus when unset.
     #[arg(long, env = "AMDGPU_DP_BUS_ADDRESS", value_name = "ADDR")]
-    pub bus_address: Option<String>,
+    pub(crate) bus_address: Option<String>,
     /// This node's name (from the downward API).
     #[arg(long, env = "NODE_NAME", value_name = "NAME", default_value = "")]
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// Kubelet devices per GPU; 0 = per GPU: 2 on gfx12 and later, otherwise 10.
     #[arg(
         long,
@@ -30,11 +32,11 @@ pub struct Cli {
         default_value_t = 0,
         value_name = "N"
     )]
-    pub split_count: u32,
+    pub(crate) split_count: u32,
     /// How GetPreferredAllocation picks GPUs: `besteffort` (fewest, closest,
     /// fullest GPUs) or `spread` (farthest GPUs).
     #[arg(long, env = "AMDGPU_DP_ALLOCATOR_POLICY", default_value = "besteffort", value_parser = Policy::from_str)]
-    pub allocator_policy: Policy,
+    pub(crate) allocator_policy: Policy,
     /// Kubernetes API access: `auto` (in-cluster config or KUBECONFIG), a
     /// kubeconfig PATH, or `none` (kubelet side only: Allocate is refused).
     #[arg(
@@ -43,7 +45,7 @@ pub struct Cli {
         default_value = "auto",
         value_name = "none|auto|PATH"
     )]
-    pub kube: KubeAccess,
+    pub(crate) kube: KubeAccess,
     /// Seconds between checks that the node still carries the register
     /// annotation we want (it is rewritten only when it differs).
     #[arg(
@@ -52,7 +54,7 @@ pub struct Cli {
         default_value_t = 60,
         value_name = "SECS"
     )]
-    pub register_interval: u64,
+    pub(crate) register_interval: u64,
     /// The host's /dev, as named in Allocate's device list.
     #[arg(
         long,
@@ -60,7 +62,7 @@ pub struct Cli {
         default_value = "/dev",
         value_name = "DIR"
     )]
-    pub host_dev: PathBuf,
+    pub(crate) host_dev: PathBuf,
     /// Host directory holding the memory hook libamvgpu.so (mounted read-only
     /// into containers that get a slice).
     #[arg(
@@ -69,23 +71,23 @@ pub struct Cli {
         default_value = "/usr/local/vgpu",
         value_name = "DIR"
     )]
-    pub hook_path: PathBuf,
+    pub(crate) hook_path: PathBuf,
     /// Extended resource registered with kubelet.
     #[arg(long, env = "AMDGPU_DP_RESOURCE_NAME", default_value = "amd.com/gpu")]
-    pub resource_name: String,
+    pub(crate) resource_name: String,
     /// File name of the plugin's socket in the kubelet directory.
     #[arg(
         long,
         env = "AMDGPU_DP_SOCKET_NAME",
         default_value = "amd.com_gpu.sock"
     )]
-    pub socket_name: String,
+    pub(crate) socket_name: String,
     /// Hard VRAM caps through amd-gpud's dmem backend, set at
     /// PreStartContainer: `auto` (when amd-gpud reports the backend on; a cap
     /// that fails is logged and reported as an Event), `on` (required: a cap
     /// that fails fails the container start), `off`.
     #[arg(long, env = "AMDGPU_DP_DMEM_BACKEND", default_value = "auto", value_parser = DmemMode::from_str)]
-    pub dmem_backend: DmemMode,
+    pub(crate) dmem_backend: DmemMode,
     /// Kubelet's pod-resources socket, to find the pod of a container after
     /// a plugin restart; `none` to not use it.
     #[arg(
@@ -94,26 +96,26 @@ pub struct Cli {
         default_value = proto::DEFAULT_POD_RESOURCES_SOCKET,
         value_name = "PATH|none"
     )]
-    pub pod_resources_socket: String,
+    pub(crate) pod_resources_socket: String,
     /// `cu`: whole GPUs shared by CU masks; `partition`: each compute
     /// partition registered as a whole device. The node annotation
     /// `hami.io/amd-operating-mode` wins over this.
     #[arg(long, env = "OPERATING_MODE", default_value = "cu", value_parser = OperatingMode::from_str)]
-    pub operating_mode: OperatingMode,
+    pub(crate) operating_mode: OperatingMode,
     /// Compute partition mode (`SPX`, `DPX`, `QPX`, `CPX`, ...) every idle GPU
     /// that offers it is switched to at start, through amd-gpud; unset: none.
     #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE")]
-    pub compute_partition: Option<String>,
+    pub(crate) compute_partition: Option<String>,
     /// The landlock sandbox the plugin puts itself in after start-up:
     /// `best-effort` (what the kernel supports, logged), `required` (anything
     /// less than full enforcement is an error), `off`.
     #[arg(long, env = "AMDGPU_DP_SANDBOX", default_value = "best-effort", value_parser = SandboxMode::from_str)]
-    pub sandbox: SandboxMode,
+    pub(crate) sandbox: SandboxMode,
     /// Answer Allocate with CDI device names (`amd.com/gpu=<PCI address>`,
     /// from the spec amd-gpud writes) instead of device nodes; the container
     /// runtime must have CDI enabled.
     #[arg(long, env = "AMDGPU_DP_CDI", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
-    pub cdi: bool,
+    pub(crate) cdi: bool,
     /// Whether the cluster's admission lets only HAMi's scheduler and the
     /// plugin write HAMi's pod annotations (the chart's
     /// ValidatingAdmissionPolicy). Only then does a pod bound without a
@@ -121,7 +123,7 @@ pub struct Cli {
     /// be it; otherwise that time is the pod author's to write, and such an
     /// Allocate is refused.
     #[arg(long, env = "AMDGPU_DP_ANNOTATIONS_PROTECTED", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
-    pub annotations_protected: bool,
+    pub(crate) annotations_protected: bool,
     /// The loader check (the chart's `dp.muslFailClosed.enabled`;
     /// experimental): a slice's memory hook goes into a directory amd-gpud
     /// fills at PreStartContainer, once it has read the image's loader from
@@ -130,7 +132,7 @@ pub struct Cli {
     /// slice, and are refused otherwise; a loader that cannot be told is
     /// refused.
     #[arg(long, env = "AMDGPU_DP_LOADER_CHECK", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
-    pub loader_check: bool,
+    pub(crate) loader_check: bool,
     /// Host directory under which amd-gpud stages each container's hook
     /// (its `<state>/loader-hook`), as Allocate names it in the mounts.
     #[arg(
@@ -139,7 +141,7 @@ pub struct Cli {
         default_value = "/var/lib/amd-gpud/loader-hook",
         value_name = "DIR"
     )]
-    pub loader_hook_root: PathBuf,
+    pub(crate) loader_hook_root: PathBuf,
     /// Where to serve /metrics (Prometheus), /healthz and /readyz (the
     /// DaemonSet's probes): `ADDRESS:PORT`, or `none`.
     #[arg(
@@ -148,32 +150,32 @@ pub struct Cli {
         default_value = DEFAULT_METRICS_ADDRESS,
         value_name = "ADDR:PORT|none"
     )]
-    pub metrics_address: MetricsAddress,
+    pub(crate) metrics_address: MetricsAddress,
     /// Seconds between full re-reads of amd-gpud's inventory and health,
     /// besides its change signals (a missed signal costs at most one pulse);
     /// 0 turns these re-reads off, and health then follows amd-gpud's
     /// signals alone.
     #[arg(long, env = "AMDGPU_DP_HEALTH_PULSE", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600), value_name = "SECS")]
-    pub health_pulse: u64,
+    pub(crate) health_pulse: u64,
     /// Seconds amd-gpud may stay unreachable before the plugin says why, once,
     /// in its log and in a Warning Event on the Node (amd-gpud may simply
     /// start after the plugin).
     #[arg(long, env = "AMDGPU_DP_GPUD_UNREACHABLE_AFTER", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600), value_name = "SECS")]
-    pub gpud_unreachable_after: u64,
+    pub(crate) gpud_unreachable_after: u64,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "AMDGPU_DP_LOG", default_value = "info")]
-    pub log: String,
+    pub(crate) log: String,
 }
 
 /// Default `--metrics-address`: loopback, port 9400 (the chart's port too). Anyone who can reach
 /// the port can connect, so a plugin started by hand (or on a host network)
 /// serves it to no one else until told; the chart binds every address of the
 /// pod's own network namespace, behind its NetworkPolicy.
-pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9400";
+pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9400";
 
 /// `--metrics-address`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricsAddress {
+pub(crate) enum MetricsAddress {
     None,
     At(SocketAddr),
 }
@@ -191,30 +193,9 @@ impl FromStr for MetricsAddress {
     }
 }
 
-/// How the plugin reaches the Kubernetes API.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeAccess {
-    None,
-    Auto,
-    Kubeconfig(PathBuf),
-}
-
-impl FromStr for KubeAccess {
-    type Err = String;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        match value {
-            "" => Err("--kube needs none, auto or a kubeconfig path".to_owned()),
-            "none" => Ok(Self::None),
-            "auto" => Ok(Self::Auto),
-            path => Ok(Self::Kubeconfig(PathBuf::from(path))),
-        }
-    }
-}
-
 /// `--dmem-backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DmemMode {
+pub(crate) enum DmemMode {
     Auto,
     On,
     Off,
@@ -238,17 +219,17 @@ impl FromStr for DmemMode {
 
 impl Cli {
     /// The pod-resources socket, unless turned off.
-    pub fn pod_resources(&self) -> Option<PathBuf> {
+    pub(crate) fn pod_resources(&self) -> Option<PathBuf> {
         (self.pod_resources_socket != "none").then(|| PathBuf::from(&self.pod_resources_socket))
     }
 
     /// Full path of the plugin's socket.
-    pub fn socket_path(&self) -> PathBuf {
+    pub(crate) fn socket_path(&self) -> PathBuf {
         self.kubelet_dir.join(&self.socket_name)
     }
 
     /// Full path of kubelet's registration socket.
-    pub fn kubelet_socket(&self) -> PathBuf {
+    pub(crate) fn kubelet_socket(&self) -> PathBuf {
         self.kubelet_dir.join(proto::KUBELET_SOCKET)
     }
 }

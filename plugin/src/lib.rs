@@ -9,39 +9,38 @@
 
 #![deny(unsafe_code)]
 
-pub mod allocate;
-pub mod allocator;
-pub mod config;
-pub mod cu;
-pub mod device_ids;
-pub mod devices;
-pub mod gpud_client;
-pub mod gpud_reach;
-pub mod gpud_usage;
-pub mod hami;
-pub mod health_events;
-pub mod kube;
-pub mod kubelet;
-pub mod loader;
+pub(crate) mod allocate;
+pub(crate) mod config;
+pub(crate) mod cu;
+pub(crate) mod gpud;
+pub(crate) mod hami;
+pub mod inventory;
+pub(crate) mod kube;
+pub(crate) mod kubelet;
+pub(crate) mod loader;
 pub mod metrics;
-pub mod mode_follow;
-pub mod node_gpus;
-pub mod node_register;
-pub mod partition;
+pub(crate) mod mode;
+pub mod preferred;
+pub(crate) mod register;
 pub mod sandbox;
-pub mod switcher;
 #[cfg(test)]
 mod testutil;
-pub mod vram;
+pub(crate) mod vram;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::Context;
-pub use config::Cli;
+pub(crate) use config::Cli;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{config::MetricsAddress, devices::DeviceTable, gpud_client::Bus, metrics::Metrics};
+use crate::{
+    config::MetricsAddress,
+    gpud::Bus,
+    inventory::{DeviceTable, partition},
+    metrics::Metrics,
+    mode::switch,
+};
 
 /// Entry point of the binary: parses `args` (help and version are not
 /// errors), runs, and maps errors to an exit code.
@@ -70,7 +69,7 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
 ///
 /// # Errors
 /// When the runtime or the plugin socket cannot be set up.
-pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     init_tracing(&cli.log);
     // The configuration is read and the sandbox applied on this one thread,
     // before the runtime starts any other: landlock binds the calling thread
@@ -119,7 +118,7 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
         cli.pod_resources()
             .and_then(|p| p.parent().map(std::path::Path::to_path_buf)),
     );
-    if let config::KubeAccess::Kubeconfig(path) = &cli.kube {
+    if let kube::KubeAccess::Kubeconfig(path) = &cli.kube {
         read.push(path.clone());
     }
     sandbox::Plan {
@@ -138,7 +137,7 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
 /// # Errors
 /// When the plugin or metrics socket cannot be bound or the signal handlers
 /// installed.
-pub async fn serve(
+pub(crate) async fn serve(
     cli: Cli,
     kube_config: Option<::kube::Config>,
     decoder: tokio::runtime::Handle,
@@ -150,9 +149,9 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::new());
     metrics.set_landlock(landlock_status());
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let followed = gpud_client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
+    let followed = gpud::client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
     let raw = followed.snapshots;
-    let mode = switcher::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
+    let mode = switch::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
     let (mode_tx, mode_rx) = watch::channel(mode);
     let snapshots = partition::follow(raw.clone(), mode_rx);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
@@ -175,7 +174,7 @@ pub async fn serve(
         caches: side.as_ref().map(|s| s.caches.clone()),
         split_count: cli.split_count,
         usage: matches!(cli.metrics_address, MetricsAddress::At(_))
-            .then(|| gpud_usage::spawn(bus.clone(), gpud_usage::EVERY)),
+            .then(|| gpud::usage::spawn(bus.clone(), gpud::usage::EVERY)),
         node_name: cli.node_name.clone(),
     };
     let server = start_metrics(cli.metrics_address, exporter).await?;
@@ -184,7 +183,6 @@ pub async fn serve(
         socket: cli.socket_path(),
         resource_name: cli.resource_name.clone(),
         policy: cli.allocator_policy,
-        kube: cli.kube.clone(),
         allocator: side.as_ref().map(|s| s.allocator.clone()),
         hint: side.as_ref().map(|s| s.hint.clone()),
         vram: side.as_ref().map(|s| s.vram.clone()),
@@ -222,37 +220,37 @@ fn landlock_status() -> metrics::LandlockStatus {
 fn spawn_followers(
     cli: &Cli,
     bus: &Bus,
-    raw: watch::Receiver<gpud_client::Snapshot>,
+    raw: watch::Receiver<inventory::Snapshot>,
     side: Option<&KubeSide>,
     (mode, reach): (
         watch::Sender<partition::OperatingMode>,
-        watch::Receiver<gpud_reach::Reach>,
+        watch::Receiver<gpud::reach::Reach>,
     ),
     stopped: &watch::Receiver<bool>,
 ) {
-    let sources = switcher::Sources {
+    let sources = switch::Sources {
         caches: side.map(|s| s.caches.clone()),
         pod_resources: cli.pod_resources(),
         resource_name: cli.resource_name.clone(),
         events: side.map(|s| s.events.clone()),
     };
     if let Some(target) = cli.compute_partition.clone() {
-        tokio::spawn(switcher::switch_idle_gpus(
+        tokio::spawn(switch::switch_idle_gpus(
             bus.clone(),
             raw,
             sources.clone(),
             target,
         ));
     }
-    tokio::spawn(mode_follow::follow(
+    tokio::spawn(mode::follow::follow(
         sources,
         cli.operating_mode,
         mode,
         until(stopped.clone()),
     ));
-    tokio::spawn(gpud_reach::report(
+    tokio::spawn(gpud::reach::report(
         reach,
-        side.map(|s| gpud_reach::NodeEvents {
+        side.map(|s| gpud::reach::NodeEvents {
             events: s.events.clone(),
             caches: s.caches.clone(),
         }),
@@ -266,7 +264,7 @@ struct KubeSide {
     caches: kube::Caches,
     events: kube::Events,
     allocator: Arc<allocate::Allocator>,
-    hint: Arc<dyn kubelet::AllocationHint>,
+    hint: Arc<dyn preferred::AllocationHint>,
     vram: Arc<vram::VramCaps>,
     /// The loader check at PreStartContainer (`--loader-check`).
     loader: Option<Arc<loader::LoaderCheck>>,
@@ -281,7 +279,7 @@ fn start_kube(
     cli: &Cli,
     client: ::kube::Client,
     bus: &Bus,
-    snapshots: &watch::Receiver<gpud_client::Snapshot>,
+    snapshots: &watch::Receiver<inventory::Snapshot>,
     stopped: &watch::Receiver<bool>,
     decoder: &tokio::runtime::Handle,
 ) -> KubeSide {
@@ -306,7 +304,7 @@ fn start_kube(
     let events = kube::Events::new(client.clone(), &cli.node_name);
     let vram = Arc::new(vram::VramCaps {
         mode: cli.dmem_backend,
-        sink: Arc::new(gpud_client::GpudCaps {
+        sink: Arc::new(vram::gpud::GpudCaps {
             bus: bus.clone(),
             snapshots: snapshots.clone(),
         }),
@@ -325,17 +323,17 @@ fn start_kube(
             events: Some(events.clone()),
         })
     });
-    tokio::spawn(health_events::follow(
+    tokio::spawn(inventory::health::follow(
         snapshots.clone(),
         events.clone(),
         caches.clone(),
         until(stopped.clone()),
     ));
-    let config = kube::RegisterConfig {
+    let config = register::RegisterConfig {
         split_count: cli.split_count,
         recheck: Duration::from_secs(cli.register_interval.max(1)),
     };
-    let registrar = tokio::spawn(kube::run_register(
+    let registrar = tokio::spawn(register::run_register(
         client,
         caches.clone(),
         snapshots.clone(),
@@ -389,8 +387,8 @@ async fn until(mut stop: watch::Receiver<bool>) {
 }
 
 /// Keeps a device table in step with the snapshots.
-pub fn follow_devices(
-    mut snapshots: watch::Receiver<gpud_client::Snapshot>,
+pub(crate) fn follow_devices(
+    mut snapshots: watch::Receiver<inventory::Snapshot>,
     split_count: u32,
 ) -> watch::Receiver<DeviceTable> {
     let (tx, rx) = watch::channel(DeviceTable::build(

@@ -9,8 +9,8 @@ use crate::vram::{PodLookup, is_pod};
 
 /// The pods of the node as a [`PodLookup`] finds them.
 #[derive(Debug, Default)]
-pub struct KnownPods {
-    pub pods: Vec<Arc<Pod>>,
+pub(crate) struct KnownPods {
+    pub(crate) pods: Vec<Arc<Pod>>,
 }
 
 impl PodLookup for KnownPods {
@@ -28,7 +28,7 @@ impl PodLookup for KnownPods {
 
 /// A healthy MI300X at `bdf` (SPX, 304 CUs, 192 GiB, NUMA 0) with ROCr UUID
 /// `rocr_uuid`; tests change the fields they care about.
-pub fn mi300x(bdf: &str, rocr_uuid: &str) -> GpuInfo {
+pub(crate) fn mi300x(bdf: &str, rocr_uuid: &str) -> GpuInfo {
     GpuInfo {
         bdf: bdf.into(),
         rocr_uuid: rocr_uuid.into(),
@@ -56,7 +56,7 @@ pub fn mi300x(bdf: &str, rocr_uuid: &str) -> GpuInfo {
 
 /// Partition `index` of the GPU at `gpu_bdf`, healthy, with DRM minors
 /// `card` and `128 + index`.
-pub fn partition(gpu_bdf: &str, index: u32, card: i32) -> ipc::types::PartitionInfo {
+pub(crate) fn partition(gpu_bdf: &str, index: u32, card: i32) -> ipc::types::PartitionInfo {
     ipc::types::PartitionInfo {
         index,
         kfd_node: 2 + index,

@@ -32,7 +32,7 @@ use gpud::{
 use ipc::types::{GpuInfo, PartitionInfo};
 use k8s_openapi::api::core::v1::Pod;
 use plugin::{
-    gpud_client::Snapshot,
+    inventory::Snapshot,
     metrics::{Metrics, Usage as Grants, hami::Inputs},
 };
 use tests::fixture::{self, BuildOptions};

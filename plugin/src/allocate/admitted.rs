@@ -44,7 +44,7 @@ fn unknown(socket: &Path, why: &str) -> Admitted {
 
 /// The pods kubelet admitted with devices of our resource, when known.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Admitted {
+pub(crate) enum Admitted {
     /// `(namespace, name)` of each pod pod-resources lists with our devices.
     Listed(HashSet<(String, String)>),
     /// pod-resources is off or did not answer: every pod counts.
@@ -53,7 +53,7 @@ pub enum Admitted {
 
 impl Admitted {
     /// Whether `pod`'s grant may count.
-    pub fn admits(&self, pod: &Pod) -> bool {
+    pub(crate) fn admits(&self, pod: &Pod) -> bool {
         match self {
             Self::Unknown => true,
             Self::Listed(pods) => {
@@ -64,7 +64,7 @@ impl Admitted {
     }
 
     /// Asks kubelet's pod-resources API at `socket` (none: [`Self::Unknown`]).
-    pub async fn read(socket: Option<&Path>, resource: &str) -> Self {
+    pub(crate) async fn read(socket: Option<&Path>, resource: &str) -> Self {
         let Some(socket) = socket else {
             return Self::Unknown;
         };

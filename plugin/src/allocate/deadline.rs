@@ -27,7 +27,7 @@ use crate::kube::CALL_TIMEOUT;
 /// PreStartContainer's 30 s (endpoint.go,
 /// `KubeletPreStartContainerRPCTimeoutInSecs`). Twice [`CALL_TIMEOUT`], below
 /// that.
-pub const ALLOCATE_DEADLINE: Duration = Duration::from_secs(20);
+pub(crate) const ALLOCATE_DEADLINE: Duration = Duration::from_secs(20);
 
 impl Allocator {
     /// The lock's release for `pod`, as a task of its own.

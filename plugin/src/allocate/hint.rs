@@ -17,15 +17,14 @@ use kube::ResourceExt;
 
 use super::{Allocator, pod};
 use crate::{
-    allocator::parse_slot,
     hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
-    kubelet::AllocationHint,
+    preferred::{AllocationHint, parse_slot},
 };
 
 /// HAMi's choice, read from Allocate's view of the pods.
 #[derive(Clone)]
-pub struct HamiHint {
-    pub allocator: Arc<Allocator>,
+pub(crate) struct HamiHint {
+    pub(crate) allocator: Arc<Allocator>,
 }
 
 impl std::fmt::Debug for HamiHint {

@@ -18,7 +18,7 @@ use crate::kube::{CALL_TIMEOUT, Caches};
 /// holding the lock may lag behind HAMi's lock: the node is read once
 /// before giving up. On a conflict the node is read again, ownership checked
 /// again, and the release retried with back-off.
-pub async fn release(client: &Client, caches: &Caches, pod: &Pod) {
+pub(crate) async fn release(client: &Client, caches: &Caches, pod: &Pod) {
     let owner = (pod.namespace().unwrap_or_default(), pod.name_any());
     let nodes: Api<Node> = Api::all(client.clone());
     let holds = |node: &Node| pod::lock_owner(node).ok().flatten() == Some(owner.clone());

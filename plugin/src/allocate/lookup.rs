@@ -152,7 +152,7 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
-    use crate::{allocate::AllocateConfig, gpud_client::Snapshot, kube::Caches, vram::Owners};
+    use crate::{allocate::AllocateConfig, inventory::Snapshot, kube::Caches, vram::Owners};
 
     fn pod(name: &str, uid: &str, rv: &str) -> Pod {
         serde_json::from_value(json!({"metadata": {

@@ -5,13 +5,13 @@
 
 mod admitted;
 mod deadline;
+mod error;
 mod hint;
 mod lock;
 mod lookup;
 mod occupancy;
 mod ours;
 mod pod;
-pub use pod::container_asks;
 mod report;
 mod reported;
 mod response;
@@ -25,17 +25,17 @@ use std::{
 };
 
 use admitted::Admitted;
-pub use deadline::ALLOCATE_DEADLINE;
+pub(crate) use deadline::ALLOCATE_DEADLINE;
 use deadline::hold_until;
-pub use hint::HamiHint;
+pub(crate) use error::{AllocateError, Reason};
+pub(crate) use hint::HamiHint;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams},
 };
-pub use pod::{LOCK_KEY, parse_lock};
 use proto::v1beta1::ContainerAllocateResponse;
-pub use reuse::CU_SPARE_KEY;
+pub(crate) use reuse::CU_SPARE_KEY;
 use serde_json::{Value, json};
 use tokio::{
     sync::{Mutex, watch},
@@ -45,106 +45,35 @@ use tracing::{info, warn};
 
 use crate::{
     cu::CuBitmap,
-    devices::gpu_id,
-    gpud_client::Snapshot,
     hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
+    inventory::Snapshot,
+    inventory::gpu_id,
     kube::{CALL_TIMEOUT, Caches, Events},
     vram::{Owners, owners::PodRef},
 };
 
 /// Where the host's device nodes and the memory hook are.
 #[derive(Debug, Clone)]
-pub struct AllocateConfig {
-    pub dev_dir: PathBuf,
-    pub hook_dir: PathBuf,
+pub(crate) struct AllocateConfig {
+    pub(crate) dev_dir: PathBuf,
+    pub(crate) hook_dir: PathBuf,
     /// The count resource kubelet allocates (`amd.com/gpu`), to tell which
     /// of the pod's containers HAMi's entries belong to.
-    pub resource_name: String,
+    pub(crate) resource_name: String,
     /// Answer with CDI device names (amd-gpud's spec) instead of device nodes.
-    pub cdi: bool,
+    pub(crate) cdi: bool,
     /// Kubelet's pod-resources socket: which pods it admitted with our
     /// devices (only their grants count); `None` when turned off.
-    pub pod_resources: Option<PathBuf>,
+    pub(crate) pod_resources: Option<PathBuf>,
     /// HAMi's pod annotations are protected by admission (`--annotations-protected`).
-    pub annotations_protected: bool,
+    pub(crate) annotations_protected: bool,
     /// With the loader check (`--loader-check`): the host directory under
     /// which amd-gpud stages each container's hook (`--loader-hook-root`).
-    pub staged_hooks: Option<PathBuf>,
-}
-
-/// Why an Allocate failed, as the `reason` label of the error metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// No pod being bound fits the request (cache and API server).
-    NoPod,
-    /// A HAMi annotation of the pod does not parse or has no entry left.
-    Annotation,
-    /// Kubelet asks for another number of devices than HAMi assigned.
-    DeviceCount,
-    /// HAMi assigned a GPU this node does not have.
-    UnknownGpu,
-    /// No CU slice or response could be built for the grant.
-    Slice,
-    /// Writing the pod back to the API server failed.
-    ApiWrite,
-    /// The Allocate did not finish within [`ALLOCATE_DEADLINE`].
-    Deadline,
-}
-
-impl Reason {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::NoPod => "no_pod",
-            Self::Annotation => "bad_annotation",
-            Self::DeviceCount => "device_count",
-            Self::UnknownGpu => "unknown_gpu",
-            Self::Slice => "cu_slice",
-            Self::ApiWrite => "api_write",
-            Self::Deadline => "deadline",
-        }
-    }
-}
-
-/// A failed Allocate: the message for kubelet and the reason for metrics.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct AllocateError {
-    pub reason: Reason,
-    pub message: String,
-}
-
-impl AllocateError {
-    fn new(reason: Reason, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-        }
-    }
-}
-
-/// `why` a slice cannot be had, with the pods holding CUs on its GPU.
-fn held_by(why: String, holders: &[String]) -> String {
-    if holders.is_empty() {
-        why
-    } else {
-        format!("{why}; CUs held by {}", holders.join(", "))
-    }
-}
-
-/// Tags a `Result<_, String>` with a reason.
-trait Because<T> {
-    fn because(self, reason: Reason) -> Result<T, AllocateError>;
-}
-
-impl<T, E: std::fmt::Display> Because<T> for Result<T, E> {
-    fn because(self, reason: Reason) -> Result<T, AllocateError> {
-        self.map_err(|e| AllocateError::new(reason, e.to_string()))
-    }
+    pub(crate) staged_hooks: Option<PathBuf>,
 }
 
 /// Serialised Allocate over the caches.
-pub struct Allocator {
+pub(crate) struct Allocator {
     client: Client,
     caches: Caches,
     snapshots: watch::Receiver<Snapshot>,
@@ -170,7 +99,7 @@ impl std::fmt::Debug for Allocator {
 }
 
 impl Allocator {
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         caches: Caches,
         snapshots: watch::Receiver<Snapshot>,
@@ -198,16 +127,14 @@ impl Allocator {
     /// A message for kubelet saying what failed; after the pod was found the
     /// pod is marked `bind-phase: failed` and the lock released first (in
     /// the background when that does not fit in the deadline).
-    pub async fn allocate(
+    pub(crate) async fn allocate(
         &self,
         ids: &[String],
     ) -> Result<ContainerAllocateResponse, AllocateError> {
         let deadline = Instant::now() + ALLOCATE_DEADLINE;
-        let late = |what: &str| {
-            let message = format!(
-                "{what} within {ALLOCATE_DEADLINE:?} (the API server does not answer in time)"
-            );
-            AllocateError::new(Reason::Deadline, message)
+        let late = |waiting| AllocateError::Deadline {
+            waiting,
+            limit: ALLOCATE_DEADLINE,
         };
         let lock = Arc::clone(&self.serial).lock_owned();
         let serial = tokio::time::timeout_at(deadline, lock)
@@ -246,8 +173,10 @@ impl Allocator {
                 {
                     warn!(pod = %who, "marking the pod failed and releasing the node lock go on in the background");
                 }
-                let message = format!("allocating AMD GPUs for {who}: {err}");
-                Err(AllocateError::new(err.reason, message))
+                Err(AllocateError::ForPod {
+                    pod: who,
+                    source: Box::new(err),
+                })
             }
         }
     }
@@ -277,7 +206,7 @@ impl Allocator {
                 let pod = self
                     .lock_owner_from_api(count)
                     .await
-                    .ok_or_else(|| AllocateError::new(Reason::NoPod, err))?;
+                    .ok_or(AllocateError::NoPod(err))?;
                 // The pod read joins the view (its earlier containers' CUs count).
                 self.ours.learned(Arc::clone(&pod));
                 Ok((pod, self.view()))
@@ -291,14 +220,10 @@ impl Allocator {
         let ready = self.caches.pods.wait_until_ready();
         match tokio::time::timeout(CALL_TIMEOUT, ready).await {
             Ok(Ok(())) => Ok(()),
-            _ => Err(AllocateError::new(
-                Reason::NoPod,
-                format!(
-                    "the watch of the pods on node {} has not listed them within \
-                     {CALL_TIMEOUT:?}: without every pod's CU claims no slice is handed out",
-                    self.caches.node_name
-                ),
-            )),
+            _ => Err(AllocateError::PodsNotListed {
+                node: self.caches.node_name.clone(),
+                waited: CALL_TIMEOUT,
+            }),
         }
     }
 
@@ -342,21 +267,18 @@ impl Allocator {
         let planned = match self.plan(pod, pods, ids, &admitted) {
             // The cached view may still count pods that are gone or done
             // (the watch lags behind HAMi): plan once more on a fresh list.
-            Err(err) if err.reason == Reason::Slice => match self.listed_view(&err).await {
+            Err(err) if err.reason() == Reason::Slice => match self.listed_view(&err).await {
                 Some(fresh) => self.plan(pod, &fresh, ids, &admitted),
                 None => Err(err),
             },
             planned => planned,
         };
         let (answer, annotations, complete) = planned.inspect_err(|err| {
-            if err.reason == Reason::Slice {
-                self.report_conflict(pod, &err.message);
+            if err.reason() == Reason::Slice {
+                self.report_conflict(pod, &err.to_string());
             }
         })?;
-        let written = self
-            .patch_pod(pod, annotations)
-            .await
-            .because(Reason::ApiWrite)?;
+        let written = self.patch_pod(pod, annotations).await?;
         self.ours.recorded(&written);
         Ok((answer, complete))
     }
@@ -377,26 +299,17 @@ impl Allocator {
             .get(TO_ALLOCATE_KEY)
             .map(String::as_str)
             .unwrap_or_default();
-        let (entry, rest) = pop_next(value)
-            .because(Reason::Annotation)?
-            .ok_or_else(|| {
-                AllocateError::new(
-                    Reason::Annotation,
-                    format!("{TO_ALLOCATE_KEY} has no entry left"),
-                )
-            })?;
+        let (entry, rest) = pop_next(value)?.ok_or(AllocateError::NoEntryLeft)?;
         if entry.len() != count {
-            let message = format!(
-                "device number not matched: kubelet asks for {count}, HAMi assigned {}",
-                entry.len()
-            );
-            return Err(AllocateError::new(Reason::DeviceCount, message));
+            return Err(AllocateError::DeviceCount {
+                asked: count,
+                assigned: entry.len(),
+            });
         }
         let totals = occupancy::Totals::of(&self.snapshots.borrow());
         let mut entry = entry;
-        crate::device_ids::rename_current(&totals.aliases, &mut entry).map_err(|err| {
-            AllocateError::new(Reason::UnknownGpu, format!("HAMi assigned {err}"))
-        })?;
+        crate::inventory::ids::rename_current(&totals.aliases, &mut entry)
+            .map_err(AllocateError::Unresolved)?;
         let mut reuse = reuse::Reuse::for_pod(pod, &self.config.resource_name);
         let slices = self.slices(&entry, pods, &mut reuse, (admitted, &totals))?;
         // With the loader check, the hook's directory is this container's
@@ -405,11 +318,9 @@ impl Allocator {
             root.join(pod.uid().unwrap_or_default())
                 .join(crate::loader::decide::staging_key(ids))
         });
-        let answer =
-            response::build(&slices, &self.config, staged.as_deref()).because(Reason::Slice)?;
-        let (mut annotations, complete) =
-            write_back::write_back(pod, &slices, rest).because(Reason::Annotation)?;
-        if let Some(spare) = reuse.annotation().because(Reason::Annotation)? {
+        let answer = response::build(&slices, &self.config, staged.as_deref())?;
+        let (mut annotations, complete) = write_back::write_back(pod, &slices, rest)?;
+        if let Some(spare) = reuse.annotation()? {
             annotations[CU_SPARE_KEY] = Value::String(spare);
         }
         info!(role = ?reuse.role(), "CUs chosen");
@@ -437,26 +348,28 @@ impl Allocator {
                 .gpus
                 .iter()
                 .find(|g| gpu_id(g) == device.uuid)
-                .ok_or_else(|| {
-                    let message = format!(
-                        "HAMi assigned GPU {:?}, which this node does not have",
-                        device.uuid
-                    );
-                    AllocateError::new(Reason::UnknownGpu, message)
+                .ok_or_else(|| AllocateError::GpuNotHere {
+                    gpu: device.uuid.clone(),
                 })?;
             let parts = snapshot
                 .partitions
                 .get(&gpu.bdf)
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let slice = response::slice(gpu, parts, device, &mut maps, reuse)
-                .map_err(|why| held_by(why, &occupancy.holders(&device.uuid)));
-            slices.push(slice.because(Reason::Slice)?);
+            let slice =
+                response::slice(gpu, parts, device, &mut maps, reuse).map_err(|source| {
+                    AllocateError::Slice {
+                        gpu: device.uuid.clone(),
+                        holders: occupancy.holders(&device.uuid),
+                        source: Box::new(source),
+                    }
+                })?;
+            slices.push(slice);
         }
         Ok(slices)
     }
 
-    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<Arc<Pod>, String> {
+    async fn patch_pod(&self, pod: &Pod, annotations: Value) -> Result<Arc<Pod>, AllocateError> {
         let ns = pod.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         let body = json!({ "metadata": { "annotations": annotations } });
@@ -468,8 +381,8 @@ impl Allocator {
                 self.ours.learned(Arc::clone(&written));
                 Ok(written)
             }
-            Ok(Err(err)) => Err(format!("patching the pod: {err}")),
-            Err(_) => Err(format!("patching the pod timed out after {CALL_TIMEOUT:?}")),
+            Ok(Err(err)) => Err(AllocateError::Patch(err)),
+            Err(_) => Err(AllocateError::PatchTimeout(CALL_TIMEOUT)),
         }
     }
 }

@@ -22,32 +22,32 @@ use tracing::warn;
 use super::reuse;
 use crate::{
     cu::CuBitmap,
-    device_ids::{Aliases, Unresolved},
     hami::{
         ALLOCATED_KEY, CU_ALLOCATED_KEY, CuList, DevicesAnnotation, parse_cu_allocated,
         parse_pod_devices,
     },
+    inventory::ids::{Aliases, Unresolved},
 };
 
 /// The GPUs of this node: CU count by current ID, and every older name of
 /// each ([`Aliases`]), so that a record keyed by an older name (HAMi's Go
 /// plugin's, an older amd-gpud's) counts on the device it names.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Totals {
-    pub cus: HashMap<String, u32>,
+pub(crate) struct Totals {
+    pub(crate) cus: HashMap<String, u32>,
     /// CUs per allocation unit (2 on gfx10+) by current ID; 1 when absent.
-    pub units: HashMap<String, u32>,
-    pub aliases: Aliases,
+    pub(crate) units: HashMap<String, u32>,
+    pub(crate) aliases: Aliases,
 }
 
 impl Totals {
     /// The GPUs of `snapshot`, under their current IDs.
-    pub fn of(snapshot: &crate::gpud_client::Snapshot) -> Self {
+    pub(crate) fn of(snapshot: &crate::inventory::Snapshot) -> Self {
         let by_id = |value: fn(&ipc::types::GpuInfo) -> u32| {
             snapshot
                 .gpus
                 .iter()
-                .map(|g| (crate::devices::gpu_id(g), value(g)))
+                .map(|g| (crate::inventory::gpu_id(g), value(g)))
                 .collect()
         };
         Self {
@@ -104,20 +104,20 @@ fn granted_cus(pod: &Pod, aliases: &Aliases) -> HashMap<String, u32> {
 
 /// A claim that was not trusted: which pod, and why (for the Event).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Distrust {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct Distrust {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
     /// The annotation value judged, so that one forgery is reported once.
-    pub value: String,
-    pub reason: String,
+    pub(crate) value: String,
+    pub(crate) reason: String,
 }
 
 /// The node's CU occupancy and the claims that were left out of it.
 #[derive(Debug, Default)]
-pub struct Occupancy {
-    pub maps: HashMap<String, CuBitmap>,
-    pub distrusted: Vec<Distrust>,
+pub(crate) struct Occupancy {
+    pub(crate) maps: HashMap<String, CuBitmap>,
+    pub(crate) distrusted: Vec<Distrust>,
     /// The pods whose claims count, in the order they were laid down (named
     /// only when a grant does not fit: [`Occupancy::holders`]).
     counted: Vec<(Arc<Pod>, Arc<Judged>)>,
@@ -125,7 +125,7 @@ pub struct Occupancy {
 
 impl Occupancy {
     /// The pods (`namespace/name`) whose claims count on `gpu`.
-    pub fn holders(&self, gpu: &str) -> Vec<String> {
+    pub(crate) fn holders(&self, gpu: &str) -> Vec<String> {
         self.counted
             .iter()
             .filter(|(_, judged)| counted_gpus(&judged.claims).any(|g| g == gpu))
@@ -186,11 +186,11 @@ struct Judgements {
 /// judged once and looked up by address after that (judged again when the
 /// node's GPUs change).
 #[derive(Debug, Default)]
-pub struct Claims(std::sync::Mutex<Judgements>);
+pub(crate) struct Claims(std::sync::Mutex<Judgements>);
 
 impl Claims {
     /// Claims judged for pods that ask for `resource` in their spec.
-    pub fn for_resource(resource: &str) -> Self {
+    pub(crate) fn for_resource(resource: &str) -> Self {
         Self(std::sync::Mutex::new(Judgements {
             resource: Some(resource.to_owned()),
             ..Judgements::default()
@@ -201,7 +201,7 @@ impl Claims {
     /// then the others, older first. Only pods `admitted` (kubelet gave them
     /// our devices, or the record is ours) count; another pod's claim is
     /// reported, whatever it says.
-    pub fn rebuild(
+    pub(crate) fn rebuild(
         &self,
         pods: &[Arc<Pod>],
         totals: &Totals,
@@ -345,9 +345,9 @@ fn judge_gpu(
             "it claims CU {max} on GPU {gpu}, which has {total} CUs"
         ));
     }
-    // A grant below one WGP gets one whole WGP (response::smallest_share).
+    // A grant below one WGP gets one whole WGP (cu::smallest_share).
     let unit = totals.units.get(gpu).copied().unwrap_or(1);
-    let allowed = super::response::smallest_share(granted.get(gpu).copied().unwrap_or(0), unit);
+    let allowed = crate::cu::smallest_share(granted.get(gpu).copied().unwrap_or(0), unit);
     let claimed = list.len();
     if allowed == 0 {
         return GpuClaim::Refused(format!(
@@ -422,9 +422,7 @@ fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]
 }
 
 #[cfg(test)]
-#[path = "occupancy_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "occupancy_forged_tests.rs"]
 mod forged_tests;

@@ -35,7 +35,7 @@ const RECORDED: [&str; 2] = [CU_ALLOCATED_KEY, CU_SPARE_KEY];
 /// Past this many pods known ahead of the cache (a watch that stopped
 /// delivering while pods come and go), Allocate lists the node's pods to
 /// forget those that are gone; what is left is at most the live pods.
-pub const AHEAD_LIMIT: usize = 512;
+pub(crate) const AHEAD_LIMIT: usize = 512;
 
 fn resource_version(pod: &Pod) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
@@ -83,7 +83,7 @@ impl Record {
 
 /// What we know ahead of the cache, and our CU records, by pod uid.
 #[derive(Debug, Default)]
-pub struct Ours {
+pub(crate) struct Ours {
     ahead: Mutex<HashMap<String, Ahead>>,
     record: Mutex<Record>,
     /// Sorted by address. A pod version stays clean: the record of a uid
@@ -100,7 +100,7 @@ fn uid_hash(uid: &str) -> u64 {
 impl Ours {
     /// Remembers `pod`, as our patch or a read from the API server returned
     /// it, unless a newer version is known already.
-    pub fn learned(&self, pod: Arc<Pod>) {
+    pub(crate) fn learned(&self, pod: Arc<Pod>) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;
         };
@@ -115,14 +115,14 @@ impl Ours {
     }
 
     /// How many pods are known ahead of the cache.
-    pub fn ahead_len(&self) -> usize {
+    pub(crate) fn ahead_len(&self) -> usize {
         lock(&self.ahead).len()
     }
 
     /// Forgets the pods known ahead of the cache that `listed` (a LIST sent
     /// after `listed_after`) does not hold and that were known before it:
     /// they are gone.
-    pub fn forget_gone(&self, listed: &[Arc<Pod>], listed_after: Instant) {
+    pub(crate) fn forget_gone(&self, listed: &[Arc<Pod>], listed_after: Instant) {
         let live: HashSet<&str> = listed
             .iter()
             .filter_map(|p| p.metadata.uid.as_deref())
@@ -132,14 +132,14 @@ impl Ours {
     }
 
     /// Remembers `written`'s CU annotations as ours (after an allocation).
-    pub fn recorded(&self, written: &Pod) {
+    pub(crate) fn recorded(&self, written: &Pod) {
         let Some(uid) = written.uid() else { return };
         let values = RECORDED.map(|k| written.annotations().get(k).cloned());
         lock(&self.record).values.insert(uid, values);
     }
 
     /// Runs `f` with a test of whether this process wrote a pod's CU record.
-    pub fn with_recorded<R>(&self, f: impl FnOnce(&dyn Fn(&Pod) -> bool) -> R) -> R {
+    pub(crate) fn with_recorded<R>(&self, f: impl FnOnce(&dyn Fn(&Pod) -> bool) -> R) -> R {
         let record = lock(&self.record);
         let recorded = |p: &Pod| {
             p.metadata
@@ -152,7 +152,7 @@ impl Ours {
 
     /// The pod `namespace/name` (of `uid`, when given) as known ahead of the
     /// cache, if it is.
-    pub fn ahead_of_cache(
+    pub(crate) fn ahead_of_cache(
         &self,
         namespace: &str,
         name: &str,
@@ -167,7 +167,7 @@ impl Ours {
     /// `pods` (read from the API server, fresher than anything we know)
     /// with our recorded values put back where they were edited, as in
     /// [`Self::view`]; nothing known ahead of the cache is laid over them.
-    pub fn with_records(&self, pods: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
+    pub(crate) fn with_records(&self, pods: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let record = lock(&self.record);
         let mut edited = Vec::new();
         let pods = pods
@@ -182,7 +182,11 @@ impl Ours {
     /// where a pod's annotations were edited (each such pod is returned in
     /// the second list). Called on every Allocate: a pod version seen clean
     /// before is passed on without being read.
-    pub fn view(&self, mark: CacheMark, cached: Vec<Arc<Pod>>) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
+    pub(crate) fn view(
+        &self,
+        mark: CacheMark,
+        cached: Vec<Arc<Pod>>,
+    ) -> (Vec<Arc<Pod>>, Vec<Distrust>) {
         let mut ahead = lock(&self.ahead);
         let mut record = lock(&self.record);
         record.prune(cached.iter().chain(ahead.values().map(|a| &a.pod)));
@@ -331,5 +335,4 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-#[path = "ours_tests.rs"]
 mod tests;

@@ -3,36 +3,73 @@
 //! the owner of the node lock, else the one pod the fallback rule names
 //! among those bound here whose spec asks for the devices (see [`find`]).
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
-use k8s_openapi::{
-    api::core::v1::{Container, Node, Pod},
-    apimachinery::pkg::api::resource::Quantity,
-};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
-use crate::hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices};
+use crate::{
+    hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
+    kube::container_asks,
+};
 
 /// The node lock shared by every HAMi vendor.
-pub const LOCK_KEY: &str = "hami.io/mutex.lock";
-pub const BIND_PHASE_KEY: &str = "hami.io/bind-phase";
-pub const BIND_TIME_KEY: &str = "hami.io/bind-time";
-pub const VGPU_NODE_KEY: &str = "hami.io/vgpu-node";
+pub(crate) const LOCK_KEY: &str = "hami.io/mutex.lock";
+pub(crate) const BIND_PHASE_KEY: &str = "hami.io/bind-phase";
+pub(crate) const BIND_TIME_KEY: &str = "hami.io/bind-time";
+pub(crate) const VGPU_NODE_KEY: &str = "hami.io/vgpu-node";
 
 /// Who holds the node lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LockOwner {
+pub(crate) enum LockOwner {
     /// `<time>,<namespace>,<name>`.
     Pod { namespace: String, name: String },
     /// A bare time: the legacy form, no owner.
     Legacy,
 }
 
+/// A `hami.io/mutex.lock` with commas that is not `<time>,<namespace>,<pod>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{LOCK_KEY} {value:?} is not <time>,<namespace>,<pod>")]
+pub(crate) struct LockError {
+    pub(crate) value: String,
+}
+
+/// Why no pod, or no single pod, is the one being bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FindError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(
+        "the node lock names {pod}, which has no pending entry of {count} device(s) on node \
+         {node}"
+    )]
+    LockOwnerNotPending {
+        pod: String,
+        count: usize,
+        node: String,
+    },
+    #[error("no binding pod found on node {node} for {count} AMD device(s)")]
+    NoPod { node: String, count: usize },
+    #[error(
+        "{} pods on node {node} claim to be bound for {count} AMD device(s) and no node lock \
+         names one: {}; refusing to guess, since their bind-time is theirs to write \
+         (--annotations-protected once admission protects HAMi's annotations)",
+        pods.len(),
+        pods.join(", ")
+    )]
+    Ambiguous {
+        node: String,
+        count: usize,
+        pods: Vec<String>,
+    },
+}
+
 /// Parses `hami.io/mutex.lock` (§3.7).
 ///
 /// # Errors
 /// A value with commas that is not exactly three parts.
-pub fn parse_lock(value: &str) -> Result<LockOwner, String> {
+pub(crate) fn parse_lock(value: &str) -> Result<LockOwner, LockError> {
     if !value.contains(',') {
         return Ok(LockOwner::Legacy);
     }
@@ -41,9 +78,9 @@ pub fn parse_lock(value: &str) -> Result<LockOwner, String> {
             namespace: (*ns).to_owned(),
             name: (*name).to_owned(),
         }),
-        _ => Err(format!(
-            "{LOCK_KEY} {value:?} is not <time>,<namespace>,<pod>"
-        )),
+        _ => Err(LockError {
+            value: value.to_owned(),
+        }),
     }
 }
 
@@ -51,7 +88,7 @@ pub fn parse_lock(value: &str) -> Result<LockOwner, String> {
 ///
 /// # Errors
 /// A malformed lock (which aborts Allocate, as in HAMi).
-pub fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
+pub(crate) fn lock_owner(node: &Node) -> Result<Option<(String, String)>, LockError> {
     match node.annotations().get(LOCK_KEY).map(|v| parse_lock(v)) {
         Some(Ok(LockOwner::Pod { namespace, name })) => Ok(Some((namespace, name))),
         Some(Err(err)) => Err(err),
@@ -60,7 +97,7 @@ pub fn lock_owner(node: &Node) -> Result<Option<(String, String)>, String> {
 }
 
 /// How many devices the pod's next to-allocate entry holds, if any.
-pub fn next_entry_len(pod: &Pod) -> Option<usize> {
+pub(crate) fn next_entry_len(pod: &Pod) -> Option<usize> {
     let value = pod.annotations().get(TO_ALLOCATE_KEY)?;
     let containers = parse_pod_devices(DevicesAnnotation::ToAllocate, value).ok()?;
     containers
@@ -72,12 +109,12 @@ pub fn next_entry_len(pod: &Pod) -> Option<usize> {
 /// What kubelet is allocating: `count` devices of `resource` on node
 /// `node_name`.
 #[derive(Debug, Clone, Copy)]
-pub struct Wanted<'a> {
-    pub node_name: &'a str,
-    pub resource: &'a str,
-    pub count: usize,
+pub(crate) struct Wanted<'a> {
+    pub(crate) node_name: &'a str,
+    pub(crate) resource: &'a str,
+    pub(crate) count: usize,
     /// Only HAMi and the plugin can write HAMi's pod annotations (admission).
-    pub annotations_protected: bool,
+    pub(crate) annotations_protected: bool,
 }
 
 /// The pod being bound for `wanted`: the lock owner when the node lock names
@@ -91,11 +128,11 @@ pub struct Wanted<'a> {
 ///
 /// # Errors
 /// A message saying why no pod, or no single pod, fits.
-pub fn find(
+pub(crate) fn find(
     node: Option<&Node>,
     pods: &[Arc<Pod>],
     wanted: Wanted<'_>,
-) -> Result<Arc<Pod>, String> {
+) -> Result<Arc<Pod>, FindError> {
     let Wanted {
         node_name, count, ..
     } = wanted;
@@ -107,11 +144,10 @@ pub fn find(
             .find(|p| p.namespace().as_deref() == Some(namespace.as_str()) && p.name_any() == name)
             .filter(|p| next_entry_len(p) == Some(count))
             .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "the node lock names {namespace}/{name}, which has no pending entry of {count} \
-                     device(s) on node {node_name}"
-                )
+            .ok_or_else(|| FindError::LockOwnerNotPending {
+                pod: format!("{namespace}/{name}"),
+                count,
+                node: node_name.to_owned(),
             });
     }
     let mut candidates: Vec<&Arc<Pod>> = pods
@@ -129,23 +165,18 @@ pub fn find(
     }
     match candidates.as_slice() {
         [one] => Ok(Arc::clone(one)),
-        [] => Err(format!(
-            "no binding pod found on node {node_name} for {count} AMD device(s)"
-        )),
-        many => {
-            let names: Vec<String> = many
+        [] => Err(FindError::NoPod {
+            node: node_name.to_owned(),
+            count,
+        }),
+        many => Err(FindError::Ambiguous {
+            node: node_name.to_owned(),
+            count,
+            pods: many
                 .iter()
                 .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-                .collect();
-            Err(format!(
-                "{} pods on node {node_name} claim to be bound for {count} AMD device(s) and \
-                 no node lock names one: {}; refusing to guess, since their bind-time is \
-                 theirs to write (--annotations-protected once admission protects HAMi's \
-                 annotations)",
-                names.len(),
-                names.join(", ")
-            ))
-        }
+                .collect(),
+        }),
     }
 }
 
@@ -183,7 +214,7 @@ fn asks_for(pod: &Pod, resource: &str, count: usize) -> bool {
 
 /// Whether a container (init or app) of `pod` asks for devices of
 /// `resource` at all.
-pub fn asks_for_any(pod: &Pod, resource: &str) -> bool {
+pub(crate) fn asks_for_any(pod: &Pod, resource: &str) -> bool {
     asked(pod, resource).any(|n| n > 0)
 }
 
@@ -198,18 +229,6 @@ fn asked<'a>(pod: &'a Pod, resource: &'a str) -> impl Iterator<Item = u64> + 'a 
     let app = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
     init.chain(app)
         .filter_map(move |c| container_asks(c, resource))
-}
-
-/// How many devices of `resource` `container` asks for (its limit, or its
-/// request when only that is given); `None` when none or unparsable.
-pub fn container_asks(container: &Container, resource: &str) -> Option<u64> {
-    let r = container.resources.as_ref()?;
-    let of = |m: &Option<BTreeMap<String, Quantity>>| {
-        m.as_ref()
-            .and_then(|m| m.get(resource))
-            .map(|q| q.0.trim().parse::<u64>())
-    };
-    of(&r.limits).or_else(|| of(&r.requests))?.ok()
 }
 
 #[cfg(test)]
@@ -229,6 +248,7 @@ mod tests {
         assert!(
             parse_lock("2026-08-21T06:20:39Z,default")
                 .unwrap_err()
+                .to_string()
                 .contains("mutex.lock")
         );
         assert!(parse_lock("t,,x").is_err());

@@ -13,12 +13,12 @@ use std::{
 use k8s_openapi::api::core::v1::Pod;
 
 /// Whatever the pods, the set is cleared past this many entries.
-pub const MAX_REPORTED: usize = 4096;
+pub(crate) const MAX_REPORTED: usize = 4096;
 
 /// (pod uid, hash of the value) of the claims reported, and the size at which
 /// entries of pods that are gone are next dropped.
 #[derive(Debug, Default)]
-pub struct Reported {
+pub(crate) struct Reported {
     seen: HashSet<(String, u64)>,
     prune_at: usize,
 }
@@ -27,7 +27,7 @@ impl Reported {
     /// True the first time `value` of pod `uid` is seen. Past a doubling of
     /// the set since the last time, entries of pods not in `live` are dropped
     /// first; past [`MAX_REPORTED`] all are (a claim is then reported again).
-    pub fn first_time(&mut self, uid: &str, value: &str, live: &[Arc<Pod>]) -> bool {
+    pub(crate) fn first_time(&mut self, uid: &str, value: &str, live: &[Arc<Pod>]) -> bool {
         let mut hasher = DefaultHasher::new();
         value.hash(&mut hasher);
         let key = (uid.to_owned(), hasher.finish());
@@ -50,7 +50,7 @@ impl Reported {
 
     /// Number of entries.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.seen.len()
     }
 }

@@ -9,31 +9,35 @@ use std::{collections::HashMap, ops::Range, path::Path};
 use ipc::types::{GpuInfo, PartitionInfo};
 use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
-use super::{AllocateConfig, reuse::Reuse};
+use super::{
+    AllocateConfig,
+    error::{ResponseError, SliceError},
+    reuse::Reuse,
+};
 use crate::{
-    cu::{CuBitmap, CuError, GpuSlice, render_env},
+    cu::{CuBitmap, CuError, GpuSlice, render_env, smallest_share},
     hami::ContainerDevice,
 };
 
 /// amd-gpud's CDI kind.
-pub const CDI_KIND: &str = "amd.com/gpu";
+pub(crate) const CDI_KIND: &str = "amd.com/gpu";
 
 /// Where the hook is seen inside the container.
-pub const HOOK_IN_CONTAINER: &str = "/usr/local/vgpu/libamvgpu.so";
+pub(crate) const HOOK_IN_CONTAINER: &str = "/usr/local/vgpu/libamvgpu.so";
 const HOOK_FILE: &str = "libamvgpu.so";
 const MIB: u64 = 1024 * 1024;
 
 /// What one GPU of the container gets.
 #[derive(Debug, Clone)]
-pub struct Slice {
-    pub id: String,
-    pub env: GpuSlice,
+pub(crate) struct Slice {
+    pub(crate) id: String,
+    pub(crate) env: GpuSlice,
     /// The CUs the pod holds for it: the slice, or every CU of a whole GPU.
-    pub claimed: Vec<Range<u32>>,
-    pub card_minor: Option<u32>,
-    pub render_minor: Option<u32>,
+    pub(crate) claimed: Vec<Range<u32>>,
+    pub(crate) card_minor: Option<u32>,
+    pub(crate) render_minor: Option<u32>,
     /// The device's name in amd-gpud's CDI spec (its partition's PCI address).
-    pub cdi_name: Option<String>,
+    pub(crate) cdi_name: Option<String>,
 }
 
 impl Slice {
@@ -42,36 +46,23 @@ impl Slice {
     }
 }
 
-/// The CUs a grant of `granted` gets on a GPU whose CUs come in units of
-/// `unit` (WGP pairs on gfx10+): a grant below one unit (1 CU, HAMi's
-/// smallest, on a gfx10+ GPU) gets one whole unit, when one is free,
-/// rather than nothing; above that, whole units as before (rounded down).
-/// HAMi then counts one CU fewer than the pod holds; the occupancy the
-/// plugin rebuilds counts what it holds, and accepts that one unit as within
-/// the grant ([`crate::allocate::occupancy`]).
-pub fn smallest_share(granted: u32, unit: u32) -> u32 {
-    if granted > 0 && granted < unit {
-        unit
-    } else {
-        granted
-    }
-}
-
 /// Chooses the slice of `gpu` for `device` and claims its CUs in `maps`
 /// (the pod's spare init-container CUs first, see [`Reuse`]).
 ///
 /// # Errors
 /// When the CUs cannot be had (the message says why and the smallest share).
-pub fn slice(
+pub(crate) fn slice(
     gpu: &GpuInfo,
     parts: &[PartitionInfo],
     device: &ContainerDevice,
     maps: &mut HashMap<String, CuBitmap>,
     reuse: &mut Reuse,
-) -> Result<Slice, String> {
+) -> Result<Slice, SliceError> {
     let map = maps
         .get_mut(&device.uuid)
-        .ok_or_else(|| format!("no CU state for GPU {}", device.uuid))?;
+        .ok_or_else(|| SliceError::NoCuState {
+            gpu: device.uuid.clone(),
+        })?;
     let whole_cus = device.usedcores >= gpu.compute_units;
     // A whole GPU is claimed whole too: HAMi's usage count can miss a pod
     // (docs/hami-protocol.md §4.2), so neither side may take the other's CUs.
@@ -81,20 +72,22 @@ pub fn slice(
         reuse
             .choose(map, gpu.compute_units, 1)
             .map_err(|e| match e {
-                CuError::NotEnoughFree { gpu: id, free, .. } => format!(
-                    "HAMi granted GPU {id} whole, but only {free} of its {} CUs are free",
-                    gpu.compute_units
-                ),
-                other => other.to_string(),
+                CuError::NotEnoughFree {
+                    gpu: ref id, free, ..
+                } => SliceError::WholeNotFree {
+                    gpu: id.clone(),
+                    free,
+                    total: gpu.compute_units,
+                    source: e,
+                },
+                other => SliceError::Cu(other),
             })?
     } else {
-        reuse
-            .choose(
-                map,
-                smallest_share(device.usedcores, gpu.cus_per_wgp),
-                gpu.cus_per_wgp,
-            )
-            .map_err(|e| e.to_string())?
+        reuse.choose(
+            map,
+            smallest_share(device.usedcores, gpu.cus_per_wgp),
+            gpu.cus_per_wgp,
+        )?
     };
     let vram_mib = gpu.vram_bytes / MIB;
     let memory = u64::from(device.usedmem);
@@ -129,11 +122,11 @@ fn device(host: String, container: String) -> DeviceSpec {
 ///
 /// # Errors
 /// When the environment would not be valid for ROCr.
-pub fn build(
+pub(crate) fn build(
     slices: &[Slice],
     config: &AllocateConfig,
     staged: Option<&Path>,
-) -> Result<ContainerAllocateResponse, String> {
+) -> Result<ContainerAllocateResponse, ResponseError> {
     let dev = |rel: &str| {
         (
             config.dev_dir.join(rel).display().to_string(),
@@ -155,18 +148,13 @@ pub fn build(
         }
     }
     let gpus: Vec<GpuSlice> = slices.iter().map(|s| s.env.clone()).collect();
-    let env = render_env(&gpus).map_err(|e| e.to_string())?;
+    let env = render_env(&gpus)?;
     let mut envs: HashMap<String, String> = env.vars.into_iter().collect();
     let mut mounts = Vec::new();
     if slices.iter().any(Slice::sliced) {
         let hook = config.hook_dir.join(HOOK_FILE);
         if !hook.is_file() {
-            return Err(format!(
-                "the memory hook {} is missing (--hook-path, AMDGPU_DP_HOOK_PATH): a slice's \
-                 memory limit would silently not apply, so no slice is handed out; install the \
-                 hook on the node or request whole GPUs",
-                hook.display()
-            ));
+            return Err(ResponseError::HookMissing { hook });
         }
         envs.insert("LD_AUDIT".to_owned(), HOOK_IN_CONTAINER.to_owned());
         mounts.push(match staged {

@@ -36,11 +36,11 @@ use crate::{
 };
 
 /// The pod's init-container CUs not (yet) handed to an app container.
-pub const CU_SPARE_KEY: &str = "hami.io/amd-cu-init-spare";
+pub(crate) const CU_SPARE_KEY: &str = "hami.io/amd-cu-init-spare";
 
 /// What the container kubelet is admitting is, for CU reuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// A regular init container: runs alone, before the app containers.
     Init,
     /// An app container or a sidecar: runs beside the others.
@@ -69,7 +69,7 @@ fn non_empty_entries(pod: &Pod, annotation: DevicesAnnotation) -> Option<usize> 
 /// The role of the container whose entry is next in the pod's to-allocate
 /// annotation. Kubelet admits init containers first, in spec order; HAMi's
 /// entries list only the containers that request `resource`.
-pub fn next_role(pod: &Pod, resource: &str) -> Role {
+pub(crate) fn next_role(pod: &Pod, resource: &str) -> Role {
     let (Some(granted), Some(left)) = (
         non_empty_entries(pod, DevicesAnnotation::Allocated),
         non_empty_entries(pod, DevicesAnnotation::ToAllocate),
@@ -100,7 +100,7 @@ pub fn next_role(pod: &Pod, resource: &str) -> Role {
 }
 
 /// True once every regular init container of `pod` has exited with 0.
-pub fn init_done(pod: &Pod) -> bool {
+pub(crate) fn init_done(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return true;
     };
@@ -123,7 +123,7 @@ pub fn init_done(pod: &Pod) -> bool {
 }
 
 /// The spare set written on `pod`, if it parses.
-pub fn spare_of(pod: &Pod) -> Option<Result<CuAllocated, HamiError>> {
+pub(crate) fn spare_of(pod: &Pod) -> Option<Result<CuAllocated, HamiError>> {
     pod.annotations()
         .get(CU_SPARE_KEY)
         .map(|v| parse_cu_allocated(v))
@@ -131,7 +131,7 @@ pub fn spare_of(pod: &Pod) -> Option<Result<CuAllocated, HamiError>> {
 
 /// The choices of one container, with the pod's spare set as it goes.
 #[derive(Debug)]
-pub struct Reuse {
+pub(crate) struct Reuse {
     role: Role,
     spare: BTreeMap<String, CuList>,
     changed: bool,
@@ -140,7 +140,7 @@ pub struct Reuse {
 impl Reuse {
     /// For the next container of `pod` (a spare set that does not parse is
     /// treated as empty: no reuse).
-    pub fn for_pod(pod: &Pod, resource: &str) -> Self {
+    pub(crate) fn for_pod(pod: &Pod, resource: &str) -> Self {
         let spare = spare_of(pod)
             .and_then(Result::ok)
             .map(|s| s.0)
@@ -153,7 +153,7 @@ impl Reuse {
     }
 
     /// The role this container was given.
-    pub fn role(&self) -> Role {
+    pub(crate) fn role(&self) -> Role {
         self.role
     }
 
@@ -162,7 +162,7 @@ impl Reuse {
     ///
     /// # Errors
     /// As [`CuBitmap::choose`] for the part that spare units do not cover.
-    pub fn choose(
+    pub(crate) fn choose(
         &mut self,
         map: &mut CuBitmap,
         want: u32,
@@ -231,7 +231,7 @@ impl Reuse {
     ///
     /// # Errors
     /// When a GPU id cannot be written (never for registered ids).
-    pub fn annotation(&self) -> Result<Option<String>, HamiError> {
+    pub(crate) fn annotation(&self) -> Result<Option<String>, HamiError> {
         if !self.changed {
             return Ok(None);
         }
@@ -242,7 +242,7 @@ impl Reuse {
 /// `claimed` without the pod's spare CUs on `gpu` once its init containers
 /// are done and nothing is left to allocate; unchanged otherwise, and when the
 /// spare set is not a subset of the claim (then it is not trusted).
-pub fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String> {
+pub(crate) fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String> {
     let pending = non_empty_entries(pod, DevicesAnnotation::ToAllocate).unwrap_or(0) > 0;
     if pending || !init_done(pod) {
         return Ok(claimed.clone());
@@ -270,5 +270,4 @@ pub fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String
 }
 
 #[cfg(test)]
-#[path = "reuse_tests.rs"]
 mod tests;

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::{pod, response};
+use super::{error::WriteBackError, pod, response};
 use crate::hami::{
     CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, TO_ALLOCATE_KEY, has_pending,
     parse_cu_allocated, parse_pod_devices,
@@ -20,7 +20,7 @@ pub(super) fn write_back(
     pod: &Pod,
     slices: &[response::Slice],
     rest: String,
-) -> Result<(Value, bool), String> {
+) -> Result<(Value, bool), WriteBackError> {
     let mut claims = pod
         .annotations()
         .get(CU_ALLOCATED_KEY)
@@ -31,21 +31,20 @@ pub(super) fn write_back(
         // The pod's own value may be forged (its manifest can set it): bounded
         // by the GPU, and merged as ranges.
         if let Some(max) = earlier.max().filter(|max| *max >= s.env.cu_count) {
-            return Err(format!(
-                "{CU_ALLOCATED_KEY} of the pod claims CU {max} on GPU {}, which has {} CUs \
-                 (the plugin never wrote that)",
-                s.id, s.env.cu_count
-            ));
+            return Err(WriteBackError::ForgedClaim {
+                gpu: s.id.clone(),
+                max,
+                cus: s.env.cu_count,
+            });
         }
         let chosen = CuList::from_indices(s.claimed.iter().flat_map(Clone::clone));
         claims.0.insert(s.id.clone(), earlier.union(&chosen));
     }
-    let remaining =
-        parse_pod_devices(DevicesAnnotation::ToAllocate, &rest).map_err(|e| e.to_string())?;
+    let remaining = parse_pod_devices(DevicesAnnotation::ToAllocate, &rest)?;
     let complete = !other_vendor_pending(pod) && !has_pending(&remaining);
     let mut annotations = json!({ TO_ALLOCATE_KEY: rest });
     if !claims.0.is_empty() {
-        annotations[CU_ALLOCATED_KEY] = Value::String(claims.encode().map_err(|e| e.to_string())?);
+        annotations[CU_ALLOCATED_KEY] = Value::String(claims.encode()?);
     }
     if complete {
         annotations[pod::BIND_PHASE_KEY] = Value::String("success".to_owned());

@@ -9,13 +9,14 @@ use std::ops::Range;
 
 use super::CuError;
 
+#[cfg(test)]
 /// CUs granted for a `gpucores` percentage, as HAMi's scheduler computes it
 /// (docs/hami-protocol.md §4.2 "Cores"): `total × percent / 100` rounded
 /// **down** (integer division), then clamped to `[1, total]`. A GPU with `total == 0`
 /// gets 0 (the scheduler refuses it with `CardInsufficientCore`). Percentages
 /// above 100 are clamped to `total` by the same rule.
 #[must_use]
-pub fn cus_for_percent(total: u32, percent: u32) -> u32 {
+pub(crate) fn cus_for_percent(total: u32, percent: u32) -> u32 {
     if total == 0 {
         return 0;
     }
@@ -24,10 +25,25 @@ pub fn cus_for_percent(total: u32, percent: u32) -> u32 {
     u32::try_from(clamped).unwrap_or(total)
 }
 
+/// The CUs a grant of `granted` gets on a GPU whose CUs come in units of
+/// `unit` (WGP pairs on gfx10+): a grant below one unit (1 CU, HAMi's
+/// smallest, on a gfx10+ GPU) gets one whole unit, when one is free,
+/// rather than nothing; above that, whole units as before (rounded down).
+/// HAMi then counts one CU fewer than the pod holds; the occupancy the
+/// plugin rebuilds counts what it holds, and accepts that one unit as within
+/// the grant.
+pub(crate) fn smallest_share(granted: u32, unit: u32) -> u32 {
+    if granted > 0 && granted < unit {
+        unit
+    } else {
+        granted
+    }
+}
+
 /// Occupancy of one GPU's logical CUs: a compact bitset, one bit per CU
 /// (set = claimed).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CuBitmap {
+pub(crate) struct CuBitmap {
     gpu: String,
     total: u32,
     words: Vec<u64>,
@@ -36,7 +52,7 @@ pub struct CuBitmap {
 impl CuBitmap {
     /// An empty (all free) bitmap for `gpu` with `total` logical CUs.
     #[must_use]
-    pub fn new(gpu: impl Into<String>, total: u32) -> Self {
+    pub(crate) fn new(gpu: impl Into<String>, total: u32) -> Self {
         let words = vec![0; total.div_ceil(64) as usize];
         Self {
             gpu: gpu.into(),
@@ -47,25 +63,27 @@ impl CuBitmap {
 
     /// The GPU label used in errors.
     #[must_use]
-    pub fn gpu(&self) -> &str {
+    pub(crate) fn gpu(&self) -> &str {
         &self.gpu
     }
 
     /// Number of logical CUs.
     #[must_use]
-    pub fn total(&self) -> u32 {
+    pub(crate) fn total(&self) -> u32 {
         self.total
     }
 
+    #[cfg(test)]
     /// Whether `cu` exists and is not claimed.
     #[must_use]
-    pub fn is_free(&self, cu: u32) -> bool {
+    pub(crate) fn is_free(&self, cu: u32) -> bool {
         cu < self.total && !self.bit(cu)
     }
 
+    #[cfg(test)]
     /// Number of free CUs.
     #[must_use]
-    pub fn free_count(&self) -> u32 {
+    pub(crate) fn free_count(&self) -> u32 {
         let claimed: u32 = self.words.iter().map(|w| w.count_ones()).sum();
         self.total - claimed
     }
@@ -74,7 +92,7 @@ impl CuBitmap {
     ///
     /// # Errors
     /// [`CuError::OutOfRange`] past `total`; [`CuError::AlreadyClaimed`] on overlap.
-    pub fn claim(&mut self, range: Range<u32>) -> Result<(), CuError> {
+    pub(crate) fn claim(&mut self, range: Range<u32>) -> Result<(), CuError> {
         self.check_range(&range)?;
         if let Some(cu) = range.clone().find(|&cu| self.bit(cu)) {
             return Err(CuError::AlreadyClaimed {
@@ -91,18 +109,19 @@ impl CuBitmap {
     ///
     /// # Errors
     /// [`CuError::OutOfRange`] past `total` (then nothing changes).
-    pub fn occupy(&mut self, range: Range<u32>) -> Result<Option<u32>, CuError> {
+    pub(crate) fn occupy(&mut self, range: Range<u32>) -> Result<Option<u32>, CuError> {
         self.check_range(&range)?;
         let first = range.clone().find(|&cu| self.bit(cu));
         range.for_each(|cu| self.set_bit(cu, true));
         Ok(first)
     }
 
+    #[cfg(test)]
     /// Marks every CU of `range` free. All-or-nothing: on error nothing changes.
     ///
     /// # Errors
     /// [`CuError::OutOfRange`] past `total`; [`CuError::NotClaimed`] on a double free.
-    pub fn release(&mut self, range: Range<u32>) -> Result<(), CuError> {
+    pub(crate) fn release(&mut self, range: Range<u32>) -> Result<(), CuError> {
         self.check_range(&range)?;
         if let Some(cu) = range.clone().find(|&cu| !self.bit(cu)) {
             return Err(CuError::NotClaimed {
@@ -125,7 +144,7 @@ impl CuBitmap {
     /// # Errors
     /// [`CuError::BadCusPerWgp`]; [`CuError::BelowSmallestShare`] when `want` is
     /// below one unit; [`CuError::NotEnoughFree`] when the free units fall short.
-    pub fn choose(&self, want: u32, cus_per_wgp: u32) -> Result<Vec<Range<u32>>, CuError> {
+    pub(crate) fn choose(&self, want: u32, cus_per_wgp: u32) -> Result<Vec<Range<u32>>, CuError> {
         let unit = match cus_per_wgp {
             1 | 2 => cus_per_wgp,
             _ => {
@@ -232,5 +251,4 @@ fn pick_runs(mut runs: Vec<Range<u32>>, want: u32) -> Vec<Range<u32>> {
 }
 
 #[cfg(test)]
-#[path = "bitmap_tests.rs"]
 mod tests;

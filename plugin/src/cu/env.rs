@@ -29,33 +29,34 @@ use super::{
 
 /// One GPU of a container, in annotation order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuSlice {
+pub(crate) struct GpuSlice {
     /// The ROCr UUID (`GPU-%016x` of KFD `unique_id`, §9.2), if it has one.
-    pub rocr_uuid: Option<String>,
+    pub(crate) rocr_uuid: Option<String>,
     /// The KFD topology node id; only its order among the container's GPUs is
     /// used (container-local indices, §9.1).
-    pub kfd_node: u32,
+    pub(crate) kfd_node: u32,
     /// Logical active CUs of the GPU.
-    pub cu_count: u32,
+    pub(crate) cu_count: u32,
     /// 1 before gfx10, 2 on gfx10+.
-    pub cus_per_wgp: u32,
+    pub(crate) cus_per_wgp: u32,
     /// The CU slice; `None` = the whole GPU (no mask).
-    pub cus: Option<Vec<Range<u32>>>,
+    pub(crate) cus: Option<Vec<Range<u32>>>,
     /// Memory limit in MiB; `None` or `Some(0)` = no limit.
-    pub memory_mib: Option<u64>,
+    pub(crate) memory_mib: Option<u64>,
 }
 
 /// Environment variables, in a fixed order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ContainerEnv {
+pub(crate) struct ContainerEnv {
     /// `(name, value)` pairs.
-    pub vars: Vec<(String, String)>,
+    pub(crate) vars: Vec<(String, String)>,
 }
 
 impl ContainerEnv {
+    #[cfg(test)]
     /// The value of `name`, if set.
     #[must_use]
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
             .find(|(n, _)| n == name)
@@ -73,7 +74,7 @@ impl ContainerEnv {
 /// [`CuError::NoGpus`], [`CuError::DuplicateKfdNode`], or a slice that does not
 /// fit its GPU ([`CuError::EmptySlice`], [`CuError::OutOfRange`],
 /// [`CuError::SplitWgp`], [`CuError::BadCusPerWgp`]).
-pub fn render_env(gpus: &[GpuSlice]) -> Result<ContainerEnv, CuError> {
+pub(crate) fn render_env(gpus: &[GpuSlice]) -> Result<ContainerEnv, CuError> {
     if gpus.is_empty() {
         return Err(CuError::NoGpus);
     }
@@ -193,5 +194,4 @@ fn checked_slice(i: u32, gpu: &GpuSlice, cus: &[Range<u32>]) -> Result<Vec<Range
 }
 
 #[cfg(test)]
-#[path = "env_tests.rs"]
 mod tests;

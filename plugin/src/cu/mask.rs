@@ -22,16 +22,16 @@ use super::CuError;
 
 /// What the parser needs to know about one container-local GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GpuShape {
+pub(crate) struct GpuShape {
     /// Number of logical active CUs (valid CU ids are `0..cu_count`).
-    pub cu_count: u32,
+    pub(crate) cu_count: u32,
     /// 1 before gfx10, 2 on gfx10+ (WGP pairs `(2k, 2k+1)`).
-    pub cus_per_wgp: u32,
+    pub(crate) cus_per_wgp: u32,
 }
 
 /// Sorts `ranges`, drops empty ones and merges overlapping or adjacent ones.
 #[must_use]
-pub fn normalize(ranges: &[Range<u32>]) -> Vec<Range<u32>> {
+pub(crate) fn normalize(ranges: &[Range<u32>]) -> Vec<Range<u32>> {
     let mut sorted: Vec<Range<u32>> = ranges.iter().filter(|r| r.start < r.end).cloned().collect();
     sorted.sort_by_key(|r| r.start);
     let mut out: Vec<Range<u32>> = Vec::with_capacity(sorted.len());
@@ -47,7 +47,7 @@ pub fn normalize(ranges: &[Range<u32>]) -> Vec<Range<u32>> {
 /// Renders half-open `ranges` as a canonical ID list (normalised first), e.g.
 /// `[0..4, 8..9, 10..13]` → `0-3,8,10-12`. Empty input gives an empty string.
 #[must_use]
-pub fn format_id_list(ranges: &[Range<u32>]) -> String {
+pub(crate) fn format_id_list(ranges: &[Range<u32>]) -> String {
     normalize(ranges)
         .iter()
         .map(|r| {
@@ -66,7 +66,7 @@ pub fn format_id_list(ranges: &[Range<u32>]) -> String {
 ///
 /// # Errors
 /// [`CuError::Malformed`] naming the problem.
-pub fn parse_id_list(text: &str) -> Result<Vec<Range<u32>>, CuError> {
+pub(crate) fn parse_id_list(text: &str) -> Result<Vec<Range<u32>>, CuError> {
     let mut out: Vec<Range<u32>> = Vec::new();
     for token in text.split(',') {
         let (a, b) = match token.split_once('-') {
@@ -115,7 +115,7 @@ fn parse_id(text: &str, token: &str) -> Result<u32, CuError> {
 /// # Errors
 /// [`CuError::Malformed`] on any grammar or index-space violation,
 /// [`CuError::SplitWgp`] for half a WGP on a gfx10+ GPU.
-pub fn parse_cu_mask(
+pub(crate) fn parse_cu_mask(
     text: &str,
     gpus: &[GpuShape],
 ) -> Result<BTreeMap<u32, BTreeSet<u32>>, CuError> {

@@ -14,17 +14,18 @@
 //! Nothing here talks to kubelet, the API server or amd-gpud; callers feed it
 //! what they know and get values or a [`CuError`] back.
 
-pub mod bitmap;
-pub mod env;
-pub mod mask;
+pub(crate) mod bitmap;
+pub(crate) mod env;
+pub(crate) mod mask;
 
-pub use bitmap::{CuBitmap, cus_for_percent};
-pub use env::{ContainerEnv, GpuSlice, render_env};
-pub use mask::{GpuShape, format_id_list, parse_cu_mask};
+pub(crate) use bitmap::{CuBitmap, smallest_share};
+pub(crate) use env::{GpuSlice, render_env};
+#[cfg(test)]
+pub(crate) use {bitmap::cus_for_percent, mask::format_id_list};
 
 /// Why a CU slice could not be chosen, claimed, released, rendered or parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CuError {
+pub(crate) enum CuError {
     /// Fewer free CUs (in whole allocation units) than requested.
     #[error("GPU {gpu}: not enough free CUs: want {want}, free {free}")]
     NotEnoughFree {
@@ -77,6 +78,7 @@ pub enum CuError {
         cu: u32,
     },
     /// Releasing a CU that is not claimed.
+    #[cfg(test)]
     #[error("GPU {gpu}: CU {cu} is not claimed")]
     NotClaimed {
         /// The GPU's label.

@@ -19,35 +19,35 @@ use super::{CU_ALLOCATED_KEY, HamiError, field_problem};
 
 /// Longest value accepted, in bytes. What the plugin writes is far shorter:
 /// even every other CU of 64 GPUs of 304 CUs is about 40 kB.
-pub const MAX_VALUE_LEN: usize = 64 * 1024;
+pub(crate) const MAX_VALUE_LEN: usize = 64 * 1024;
 /// Most GPU ids in one value (a node registers at most a few dozen devices).
-pub const MAX_GPUS: usize = 256;
+pub(crate) const MAX_GPUS: usize = 256;
 /// Most ranges in one CU list (every other CU of a GPU of 8192 CUs).
-pub const MAX_RANGES: usize = 4096;
+pub(crate) const MAX_RANGES: usize = 4096;
 /// How much of a refused list an error quotes.
 const QUOTED: usize = 64;
 
 /// An inclusive range of CU indices, `start <= end`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct CuRange {
-    pub start: u32,
-    pub end: u32,
+pub(crate) struct CuRange {
+    pub(crate) start: u32,
+    pub(crate) end: u32,
 }
 
 impl CuRange {
     /// Number of CUs in the range.
-    pub fn count(self) -> u64 {
+    pub(crate) fn count(self) -> u64 {
         u64::from(self.end - self.start) + 1
     }
 }
 
 /// A set of CU indices, kept as sorted, disjoint, non-adjacent ranges.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CuList(Vec<CuRange>);
+pub(crate) struct CuList(Vec<CuRange>);
 
 impl CuList {
     /// The set of the given CU indices (any order, duplicates allowed).
-    pub fn from_indices(indices: impl IntoIterator<Item = u32>) -> Self {
+    pub(crate) fn from_indices(indices: impl IntoIterator<Item = u32>) -> Self {
         let mut sorted: Vec<u32> = indices.into_iter().collect();
         sorted.sort_unstable();
         sorted.dedup();
@@ -63,7 +63,7 @@ impl CuList {
     ///
     /// # Errors
     /// The reason, naming the offending item.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, String> {
         if s.is_empty() {
             return Err("empty CU list".to_owned());
         }
@@ -96,32 +96,33 @@ impl CuList {
     }
 
     /// The ranges, ascending and disjoint.
-    pub fn ranges(&self) -> &[CuRange] {
+    pub(crate) fn ranges(&self) -> &[CuRange] {
         &self.0
     }
 
     /// Number of CUs in the set.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.0.iter().map(|r| r.count()).sum()
     }
 
     /// True when the set holds no CU.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
     /// The highest CU index, for checking against the GPU's `devcore`.
-    pub fn max(&self) -> Option<u32> {
+    pub(crate) fn max(&self) -> Option<u32> {
         self.0.last().map(|r| r.end)
     }
 
     /// True when `cu` is in the set.
-    pub fn contains(&self, cu: u32) -> bool {
+    pub(crate) fn contains(&self, cu: u32) -> bool {
         self.0.iter().any(|r| r.start <= cu && cu <= r.end)
     }
 
+    #[cfg(test)]
     /// True when the two sets share a CU.
-    pub fn overlaps(&self, other: &Self) -> bool {
+    pub(crate) fn overlaps(&self, other: &Self) -> bool {
         let (mut a, mut b) = (self.0.iter().peekable(), other.0.iter().peekable());
         while let (Some(x), Some(y)) = (a.peek(), b.peek()) {
             if x.end < y.start {
@@ -137,7 +138,7 @@ impl CuList {
 
     /// The CUs of both sets, computed on the ranges (nothing is expanded).
     #[must_use]
-    pub fn union(&self, other: &Self) -> Self {
+    pub(crate) fn union(&self, other: &Self) -> Self {
         let mut all: Vec<CuRange> = self.0.iter().chain(&other.0).copied().collect();
         all.sort_unstable();
         let mut out = Self::default();
@@ -154,7 +155,7 @@ impl CuList {
 
     /// The CUs of `self` not in `other`, computed on the ranges.
     #[must_use]
-    pub fn difference(&self, other: &Self) -> Self {
+    pub(crate) fn difference(&self, other: &Self) -> Self {
         let mut out = Self::default();
         let mut cuts = other.0.iter().peekable();
         for r in &self.0 {
@@ -189,14 +190,15 @@ impl CuList {
         out
     }
 
+    #[cfg(test)]
     /// True when every CU of `self` is in `other`.
-    pub fn is_subset(&self, other: &Self) -> bool {
+    pub(crate) fn is_subset(&self, other: &Self) -> bool {
         self.difference(other).is_empty()
     }
 
     /// Every CU index, ascending. Only for a list bounded by its GPU
     /// ([`CuList::max`]): a forged range would be billions of indices.
-    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.0.iter().flat_map(|r| r.start..=r.end)
     }
 }
@@ -242,14 +244,14 @@ fn parse_cu(item: &str, s: &str) -> Result<u32, String> {
 
 /// The whole annotation: GPU `id` to the pod's CUs on it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CuAllocated(pub BTreeMap<String, CuList>);
+pub(crate) struct CuAllocated(pub BTreeMap<String, CuList>);
 
 impl CuAllocated {
     /// Compact JSON with ids sorted and canonical ID lists.
     ///
     /// # Errors
     /// When an id is empty or contains `,` `:` `;`, or a list is empty.
-    pub fn encode(&self) -> Result<String, HamiError> {
+    pub(crate) fn encode(&self) -> Result<String, HamiError> {
         let mut plain = BTreeMap::new();
         for (id, list) in &self.0 {
             check_id(id, &list.to_string())?;
@@ -270,7 +272,7 @@ impl CuAllocated {
 /// # Errors
 /// Not a JSON object of strings, a bad id, or a malformed CU list; the error
 /// names the id and the list.
-pub fn parse_cu_allocated(s: &str) -> Result<CuAllocated, HamiError> {
+pub(crate) fn parse_cu_allocated(s: &str) -> Result<CuAllocated, HamiError> {
     if s.len() > MAX_VALUE_LEN {
         return Err(HamiError::TooLong {
             annotation: CU_ALLOCATED_KEY,

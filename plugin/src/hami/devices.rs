@@ -16,30 +16,30 @@
 use super::{ALLOCATED_KEY, HamiError, MAX_VALUE_LEN, TO_ALLOCATE_KEY, field_problem};
 
 /// How an emptied container entry is written: its terminator alone (§3.6).
-pub const EMPTY_ENTRY: &str = ";";
+pub(crate) const EMPTY_ENTRY: &str = ";";
 
 /// Largest number HAMi's `int32` fields hold.
 const MAX_INT32: u32 = i32::MAX.unsigned_abs();
 
 /// One device granted to one container.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerDevice {
+pub(crate) struct ContainerDevice {
     /// The registered `id` of the GPU.
-    pub uuid: String,
+    pub(crate) uuid: String,
     /// The registered product `type` (not the literal `AMD`).
-    pub device_type: String,
+    pub(crate) device_type: String,
     /// Memory granted, MiB.
-    pub usedmem: u32,
+    pub(crate) usedmem: u32,
     /// Number of CUs granted (not a percentage).
-    pub usedcores: u32,
+    pub(crate) usedcores: u32,
 }
 
 /// The devices of one container entry; empty for an erased or placeholder slot.
-pub type ContainerDevices = Vec<ContainerDevice>;
+pub(crate) type ContainerDevices = Vec<ContainerDevice>;
 
 /// Which of the two device-list annotations a value came from (for errors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DevicesAnnotation {
+pub(crate) enum DevicesAnnotation {
     /// `hami.io/amd-devices-to-allocate`: consumed by the plugin.
     ToAllocate,
     /// `hami.io/amd-devices-allocated`: the scheduler's; never modify it.
@@ -48,7 +48,7 @@ pub enum DevicesAnnotation {
 
 impl DevicesAnnotation {
     /// The annotation key.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Self::ToAllocate => TO_ALLOCATE_KEY,
             Self::Allocated => ALLOCATED_KEY,
@@ -63,7 +63,7 @@ impl DevicesAnnotation {
 /// [`HamiError::DeviceList`] naming the annotation, the container entry, the
 /// offending fragment and the reason; [`HamiError::TooLong`] for a value of
 /// more than [`MAX_VALUE_LEN`] bytes.
-pub fn parse_pod_devices(
+pub(crate) fn parse_pod_devices(
     annotation: DevicesAnnotation,
     value: &str,
 ) -> Result<Vec<ContainerDevices>, HamiError> {
@@ -166,7 +166,7 @@ fn list_error(key: &'static str, container: usize, fragment: &str, reason: &str)
 /// # Errors
 /// When a uuid or type is empty or contains `,` `:` `;`, or a number exceeds
 /// HAMi's `int32`: the value could not be decoded back.
-pub fn encode_pod_devices(
+pub(crate) fn encode_pod_devices(
     annotation: DevicesAnnotation,
     containers: &[ContainerDevices],
 ) -> Result<String, HamiError> {
@@ -205,13 +205,15 @@ fn check_encodable(
 
 /// The first entry with at least one device, and its position (§3.2: never
 /// map positions to container indices; take the first non-empty entry).
-pub fn first_non_empty(containers: &[ContainerDevices]) -> Option<(usize, &ContainerDevices)> {
+pub(crate) fn first_non_empty(
+    containers: &[ContainerDevices],
+) -> Option<(usize, &ContainerDevices)> {
     containers.iter().enumerate().find(|(_, c)| !c.is_empty())
 }
 
 /// Removes the first non-empty entry's devices, leaving its slot empty
 /// (HAMi's style: every slot kept, §3.6), and returns them with the position.
-pub fn take_first_non_empty(
+pub(crate) fn take_first_non_empty(
     containers: &mut [ContainerDevices],
 ) -> Option<(usize, ContainerDevices)> {
     let (index, slot) = containers
@@ -223,7 +225,7 @@ pub fn take_first_non_empty(
 
 /// True while some entry still holds a device; the pod is complete when the
 /// re-read to-allocate value has none (§3.6).
-pub fn has_pending(containers: &[ContainerDevices]) -> bool {
+pub(crate) fn has_pending(containers: &[ContainerDevices]) -> bool {
     first_non_empty(containers).is_some()
 }
 
@@ -235,7 +237,7 @@ pub fn has_pending(containers: &[ContainerDevices]) -> bool {
 ///
 /// # Errors
 /// When the value does not parse.
-pub fn pop_next(value: &str) -> Result<Option<(ContainerDevices, String)>, HamiError> {
+pub(crate) fn pop_next(value: &str) -> Result<Option<(ContainerDevices, String)>, HamiError> {
     let mut containers = parse_pod_devices(DevicesAnnotation::ToAllocate, value)?;
     let Some((_, taken)) = take_first_non_empty(&mut containers) else {
         return Ok(None);

@@ -10,37 +10,36 @@
 //! Every parser returns a [`HamiError`] naming the annotation, the offending
 //! fragment and the reason; none of them panics on any input.
 
-pub mod cu_allocated;
-pub mod devices;
-pub mod register;
+pub(crate) mod cu_allocated;
+pub(crate) mod devices;
+pub(crate) mod register;
 
 #[cfg(test)]
 mod fuzz_tests;
 
-pub use cu_allocated::{
-    CuAllocated, CuList, CuRange, MAX_GPUS, MAX_RANGES, MAX_VALUE_LEN, parse_cu_allocated,
+pub(crate) use cu_allocated::{CuAllocated, CuList, MAX_VALUE_LEN, parse_cu_allocated};
+pub(crate) use devices::{
+    ContainerDevice, DevicesAnnotation, has_pending, parse_pod_devices, pop_next,
 };
-pub use devices::{
-    ContainerDevice, ContainerDevices, DevicesAnnotation, EMPTY_ENTRY, encode_pod_devices,
-    first_non_empty, has_pending, parse_pod_devices, pop_next, take_first_non_empty,
-};
-pub use register::{CustomInfo, DeviceInfo, parse_register, register_annotation};
+pub(crate) use register::{DeviceInfo, register_annotation};
+#[cfg(test)]
+pub(crate) use {devices::encode_pod_devices, register::parse_register};
 
 /// Node annotation holding the JSON array of [`DeviceInfo`] (§1.1).
-pub const REGISTER_KEY: &str = "hami.io/node-amd-register";
+pub(crate) const REGISTER_KEY: &str = "hami.io/node-amd-register";
 /// Pod annotation the plugin consumes, one container entry per `Allocate` (§3.1).
-pub const TO_ALLOCATE_KEY: &str = "hami.io/amd-devices-to-allocate";
+pub(crate) const TO_ALLOCATE_KEY: &str = "hami.io/amd-devices-to-allocate";
 /// Pod annotation that is the scheduler's usage source; never modified (§3.1, §6.7).
-pub const ALLOCATED_KEY: &str = "hami.io/amd-devices-allocated";
+pub(crate) const ALLOCATED_KEY: &str = "hami.io/amd-devices-allocated";
 /// Pod annotation with the pod's CU occupancy per GPU (§5.1).
-pub const CU_ALLOCATED_KEY: &str = "hami.io/amd-cu-allocated";
+pub(crate) const CU_ALLOCATED_KEY: &str = "hami.io/amd-cu-allocated";
 
 /// HAMi's separators; ids and types must not contain them (§1.2, §3.2, §6.3–6.4).
-pub const SEPARATORS: [char; 3] = [',', ':', ';'];
+pub(crate) const SEPARATORS: [char; 3] = [',', ':', ';'];
 
 /// Everything that can be wrong with a HAMi annotation value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HamiError {
+pub(crate) enum HamiError {
     /// The value is not the JSON the annotation requires.
     #[error("{annotation}: invalid JSON: {reason}")]
     Json {

@@ -12,9 +12,9 @@ use serde::{Deserialize, Deserializer, Serialize};
 use super::{HamiError, REGISTER_KEY, field_problem};
 
 /// What the Go plugin sends as `devicevendor`; HAMi overwrites it with `AMD` (§1.2).
-pub const DEVICE_VENDOR: &str = "amd";
+pub(crate) const DEVICE_VENDOR: &str = "amd";
 /// The product type the Go plugin sends when AMD SMI has no market name (§1.2).
-pub const UNKNOWN_TYPE: &str = "amd-gpu";
+pub(crate) const UNKNOWN_TYPE: &str = "amd-gpu";
 
 /// One GPU (or one KFD partition, §1.6) as HAMi's `DeviceInfo` JSON.
 ///
@@ -23,42 +23,42 @@ pub const UNKNOWN_TYPE: &str = "amd-gpu";
 /// are NVIDIA-only and never sent; on input they, like any unknown key, are
 /// ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceInfo {
+pub(crate) struct DeviceInfo {
     /// Stable identity, matched exactly against pod annotations; free of `,` `:` `;`.
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "str::is_empty"
     )]
-    pub id: String,
+    pub(crate) id: String,
     /// Metrics label only (the DRM card minor in the Go plugin); `0` is omitted.
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "is_zero_u32"
     )]
-    pub index: u32,
+    pub(crate) index: u32,
     /// How many containers may share the GPU (`Used >= Count` means full).
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "is_zero_i32"
     )]
-    pub count: i32,
+    pub(crate) count: i32,
     /// Total memory in MiB.
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "is_zero_i32"
     )]
-    pub devmem: i32,
+    pub(crate) devmem: i32,
     /// Total compute units (for AMD the CU count, not 100).
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "is_zero_i32"
     )]
-    pub devcore: i32,
+    pub(crate) devcore: i32,
     /// Product name; must start with `AMD` (case-insensitive) and be free of `,` `:` `;`.
     #[serde(
         rename = "type",
@@ -66,44 +66,44 @@ pub struct DeviceInfo {
         deserialize_with = "null_default",
         skip_serializing_if = "str::is_empty"
     )]
-    pub device_type: String,
+    pub(crate) device_type: String,
     /// NUMA node; may be `-1`. Always written: `0` is a real node, and the
     /// spec's example carries `"numa":0`.
     #[serde(default, deserialize_with = "null_default")]
-    pub numa: i64,
+    pub(crate) numa: i64,
     /// Ignored by HAMi's AMD code, but `"mig"` gets the device marked unhealthy.
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "str::is_empty"
     )]
-    pub mode: String,
+    pub(crate) mode: String,
     /// Absent (false) means HAMi skips the device.
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "is_false"
     )]
-    pub health: bool,
+    pub(crate) health: bool,
     /// Overwritten by HAMi; the Go plugin sends [`DEVICE_VENDOR`].
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "str::is_empty"
     )]
-    pub devicevendor: String,
+    pub(crate) devicevendor: String,
     /// Free-form; HAMi's AMD `Fit` does not read it.
     #[serde(
         default,
         deserialize_with = "null_default",
         skip_serializing_if = "CustomInfo::is_empty"
     )]
-    pub custominfo: CustomInfo,
+    pub(crate) custominfo: CustomInfo,
 }
 
 /// The `custominfo` object: `pciBDF` plus any other keys, kept sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CustomInfo {
+pub(crate) struct CustomInfo {
     /// PCI address, for example `0000:83:00.0`.
     #[serde(
         rename = "pciBDF",
@@ -111,15 +111,15 @@ pub struct CustomInfo {
         deserialize_with = "null_default",
         skip_serializing_if = "str::is_empty"
     )]
-    pub pci_bdf: String,
+    pub(crate) pci_bdf: String,
     /// Other keys, such as newer upstream's `computeQueues` or `partitionProfile`.
     #[serde(flatten)]
-    pub extra: BTreeMap<String, serde_json::Value>,
+    pub(crate) extra: BTreeMap<String, serde_json::Value>,
 }
 
 impl CustomInfo {
     /// True when nothing would be serialised.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pci_bdf.is_empty() && self.extra.is_empty()
     }
 }
@@ -128,7 +128,7 @@ impl DeviceInfo {
     /// Turns a raw market name into a valid `type`: separators become spaces,
     /// whitespace is collapsed, an empty name becomes [`UNKNOWN_TYPE`], and
     /// `AMD ` is prefixed unless the name already starts with `amd` in any case.
-    pub fn product_type(raw: &str) -> String {
+    pub(crate) fn product_type(raw: &str) -> String {
         let cleaned = raw.replace(super::SEPARATORS, " ");
         let cleaned = cleaned.split_whitespace().collect::<Vec<_>>().join(" ");
         if cleaned.is_empty() {
@@ -144,7 +144,7 @@ impl DeviceInfo {
     ///
     /// # Errors
     /// [`HamiError::Device`] naming the id and the reason.
-    pub fn validate(&self) -> Result<(), HamiError> {
+    pub(crate) fn validate(&self) -> Result<(), HamiError> {
         let fail = |reason: String| {
             Err(HamiError::Device {
                 id: self.id.clone(),
@@ -185,7 +185,7 @@ impl DeviceInfo {
 /// # Errors
 /// When the list is empty (HAMi ignores `[]`, §1.3), an entry fails
 /// [`DeviceInfo::validate`], or two entries share an id.
-pub fn register_annotation(devices: &[DeviceInfo]) -> Result<String, HamiError> {
+pub(crate) fn register_annotation(devices: &[DeviceInfo]) -> Result<String, HamiError> {
     validate_all(devices)?;
     serde_json::to_string(devices).map_err(|e| HamiError::Json {
         annotation: REGISTER_KEY,
@@ -193,6 +193,7 @@ pub fn register_annotation(devices: &[DeviceInfo]) -> Result<String, HamiError> 
     })
 }
 
+#[cfg(test)]
 /// Decodes a registration value and applies the same checks as the encoder.
 ///
 /// Unknown keys are ignored and JSON `null` reads as the zero value, as in Go.
@@ -201,7 +202,7 @@ pub fn register_annotation(devices: &[DeviceInfo]) -> Result<String, HamiError> 
 /// # Errors
 /// Invalid JSON (including floats, quoted or out-of-range numbers, which fail
 /// the whole array in HAMi too, §1.2), an empty array, or an invalid entry.
-pub fn parse_register(s: &str) -> Result<Vec<DeviceInfo>, HamiError> {
+pub(crate) fn parse_register(s: &str) -> Result<Vec<DeviceInfo>, HamiError> {
     let devices: Vec<DeviceInfo> = serde_json::from_str(s).map_err(|e| HamiError::Json {
         annotation: REGISTER_KEY,
         reason: e.to_string(),

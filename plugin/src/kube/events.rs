@@ -12,11 +12,11 @@ use tracing::{Instrument, info_span, warn};
 use super::CALL_TIMEOUT;
 
 /// The name Events are reported under.
-pub const CONTROLLER: &str = "amd-device-plugin";
+pub(crate) const CONTROLLER: &str = "amd-device-plugin";
 
 /// What an Event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Regarding {
+pub(crate) enum Regarding {
     Pod {
         namespace: String,
         name: String,
@@ -30,7 +30,7 @@ pub enum Regarding {
 
 impl Regarding {
     /// This plugin's node, with its UID when the cache holds the node.
-    pub fn node_of(caches: &super::Caches) -> Self {
+    pub(crate) fn node_of(caches: &super::Caches) -> Self {
         Self::Node {
             name: caches.node_name.clone(),
             uid: caches
@@ -67,7 +67,7 @@ impl Regarding {
 
 /// Publishes Events for this node's plugin instance.
 #[derive(Clone)]
-pub struct Events {
+pub(crate) struct Events {
     recorder: Recorder,
 }
 
@@ -79,7 +79,7 @@ impl std::fmt::Debug for Events {
 
 impl Events {
     /// Events reported by `amd-device-plugin` on `node_name`.
-    pub fn new(client: Client, node_name: &str) -> Self {
+    pub(crate) fn new(client: Client, node_name: &str) -> Self {
         let reporter = Reporter {
             controller: CONTROLLER.to_owned(),
             instance: Some(format!("{CONTROLLER}-{node_name}")),
@@ -90,12 +90,12 @@ impl Events {
     }
 
     /// Sends a Warning Event in the background.
-    pub fn warning(&self, regarding: &Regarding, reason: &str, action: &str, note: String) {
+    pub(crate) fn warning(&self, regarding: &Regarding, reason: &str, action: &str, note: String) {
         self.send(EventType::Warning, regarding, reason, action, note);
     }
 
     /// Sends a Normal Event in the background.
-    pub fn normal(&self, regarding: &Regarding, reason: &str, action: &str, note: String) {
+    pub(crate) fn normal(&self, regarding: &Regarding, reason: &str, action: &str, note: String) {
         self.send(EventType::Normal, regarding, reason, action, note);
     }
 

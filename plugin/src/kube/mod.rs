@@ -1,15 +1,16 @@
 //! Kubernetes API access: a client with timeouts, watch-fed caches of this
-//! node and of the pods bound to it, and the node's register annotation.
+//! node and of the pods bound to it, and Events.
 //!
 //! Reads on the hot path come from the caches; the API server sees watches
 //! and the few writes the protocol needs.
 
 mod events;
 mod progress;
-mod register;
 
 use std::{
-    path::Path,
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    str::FromStr,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -17,26 +18,26 @@ use std::{
     time::Duration,
 };
 
-pub use events::{Events, Regarding};
+pub(crate) use events::{Events, Regarding};
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::{
+    api::core::v1::{Container, Node, Pod},
+    apimachinery::pkg::api::resource::Quantity,
+};
 use kube::{
     Api, Client, Config,
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
-pub use progress::{CacheMark, WatchProgress};
-pub use register::{RegisterConfig, run_register};
+pub(crate) use progress::{CacheMark, WatchProgress};
 use tracing::warn;
 
-use crate::config::KubeAccess;
-
 /// Timeout of every non-watch call (and of connecting).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the Kubernetes side could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
     Infer(#[source] kube::config::InferConfigError),
     #[error("cannot read the kubeconfig {path}: {source}")]
@@ -55,7 +56,7 @@ pub enum KubeError {
 ///
 /// # Errors
 /// When the configuration cannot be found or read.
-pub async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
+pub(crate) async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
     let mut config = match access {
         KubeAccess::None => return Ok(None),
         KubeAccess::Auto => Config::infer().await.map_err(KubeError::Infer)?,
@@ -70,13 +71,13 @@ pub async fn config(access: &KubeAccess) -> Result<Option<Config>, KubeError> {
 ///
 /// # Errors
 /// When the client cannot be built.
-pub fn client(config: Config) -> Result<Client, KubeError> {
+pub(crate) fn client(config: Config) -> Result<Client, KubeError> {
     Client::try_from(config).map_err(KubeError::Client)
 }
 
 /// The API server's TCP port in `config` (the scheme's default when the URL
 /// names none).
-pub fn api_port(config: &Config) -> u16 {
+pub(crate) fn api_port(config: &Config) -> u16 {
     let url = &config.cluster_url;
     url.port_u16()
         .unwrap_or(if url.scheme_str() == Some("http") {
@@ -99,12 +100,12 @@ async fn from_file(path: &Path) -> Result<Config, KubeError> {
 
 /// Watch-fed caches of this node and of the pods on it.
 #[derive(Clone)]
-pub struct Caches {
-    pub node_name: String,
-    pub nodes: Store<Node>,
-    pub pods: Store<Pod>,
+pub(crate) struct Caches {
+    pub(crate) node_name: String,
+    pub(crate) nodes: Store<Node>,
+    pub(crate) pods: Store<Pod>,
     /// How far the pods watch has brought [`Self::pods`].
-    pub pods_progress: Arc<WatchProgress>,
+    pub(crate) pods_progress: Arc<WatchProgress>,
     /// Whether each watch (node, pods) got an answer last time, not an error.
     watching: Arc<[AtomicBool; 2]>,
 }
@@ -113,7 +114,11 @@ impl Caches {
     /// Starts the watches (each restarts with back-off on errors) on
     /// `decoder`: every change of a pod on this node comes as a whole object
     /// to decode, work that must not queue in front of a kubelet call.
-    pub fn start(client: &Client, node_name: &str, decoder: &tokio::runtime::Handle) -> Self {
+    pub(crate) fn start(
+        client: &Client,
+        node_name: &str,
+        decoder: &tokio::runtime::Handle,
+    ) -> Self {
         let node_fields = format!("metadata.name={node_name}");
         let pod_fields = format!("spec.nodeName={node_name}");
         let watching = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
@@ -142,9 +147,10 @@ impl Caches {
         }
     }
 
+    #[cfg(test)]
     /// Caches over stores filled by someone else (tests, tools); they count
     /// as connected.
-    pub fn from_stores(node_name: &str, nodes: Store<Node>, pods: Store<Pod>) -> Self {
+    pub(crate) fn from_stores(node_name: &str, nodes: Store<Node>, pods: Store<Pod>) -> Self {
         Self {
             node_name: node_name.to_owned(),
             nodes,
@@ -156,25 +162,25 @@ impl Caches {
 
     /// The cached pods, and the mark taken just before they were read (what
     /// their absence means, see [`CacheMark::covers`]).
-    pub fn pods_with_mark(&self) -> (CacheMark, Vec<Arc<Pod>>) {
+    pub(crate) fn pods_with_mark(&self) -> (CacheMark, Vec<Arc<Pod>>) {
         let mark = self.pods_progress.mark();
         (mark, self.pods.state())
     }
 
     /// Whether the node watch's last answer from the API server was not an
     /// error (else the cached node may be stale).
-    pub fn node_watch_answering(&self) -> bool {
+    pub(crate) fn node_watch_answering(&self) -> bool {
         self.watching[0].load(Ordering::Relaxed)
     }
 
     /// Whether both watches work: their last answer from the API server was
     /// not an error.
-    pub fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.watching.iter().all(|w| w.load(Ordering::Relaxed))
     }
 
     /// This node as last seen by the watch.
-    pub fn node(&self) -> Option<std::sync::Arc<Node>> {
+    pub(crate) fn node(&self) -> Option<std::sync::Arc<Node>> {
         self.nodes
             .state()
             .into_iter()
@@ -216,4 +222,37 @@ where
         }
     });
     reader
+}
+
+/// How the plugin reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KubeAccess {
+    None,
+    Auto,
+    Kubeconfig(PathBuf),
+}
+
+impl FromStr for KubeAccess {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "" => Err("--kube needs none, auto or a kubeconfig path".to_owned()),
+            "none" => Ok(Self::None),
+            "auto" => Ok(Self::Auto),
+            path => Ok(Self::Kubeconfig(PathBuf::from(path))),
+        }
+    }
+}
+
+/// How many devices of `resource` `container` asks for (its limit, or its
+/// request when only that is given); `None` when none or unparsable.
+pub(crate) fn container_asks(container: &Container, resource: &str) -> Option<u64> {
+    let r = container.resources.as_ref()?;
+    let of = |m: &Option<BTreeMap<String, Quantity>>| {
+        m.as_ref()
+            .and_then(|m| m.get(resource))
+            .map(|q| q.0.trim().parse::<u64>())
+    };
+    of(&r.limits).or_else(|| of(&r.requests))?.ok()
 }

@@ -22,18 +22,18 @@ use kube::{Resource, runtime::watcher::Event};
 
 /// What a reader may conclude from the cache it read after taking this mark.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheMark {
+pub(crate) struct CacheMark {
     /// Every change with a resourceVersion up to this one is in the cache.
-    pub delivered_through: u64,
+    pub(crate) delivered_through: u64,
     /// The cache holds a list that was requested after this instant.
-    pub listed_after: Option<Instant>,
+    pub(crate) listed_after: Option<Instant>,
 }
 
 impl CacheMark {
     /// Whether the cache, read after this mark, would hold a pod of version
     /// `resource_version` (or a newer one) that existed at `known_at`: when
     /// it does not, the pod is gone.
-    pub fn covers(&self, resource_version: Option<u64>, known_at: Instant) -> bool {
+    pub(crate) fn covers(&self, resource_version: Option<u64>, known_at: Instant) -> bool {
         resource_version.is_some_and(|rv| rv <= self.delivered_through)
             || self.listed_after.is_some_and(|listed| known_at < listed)
     }
@@ -41,7 +41,7 @@ impl CacheMark {
 
 /// The progress of one watch, updated by its event loop.
 #[derive(Debug, Default)]
-pub struct WatchProgress {
+pub(crate) struct WatchProgress {
     delivered_through: AtomicU64,
     /// The list in progress: when its `Init` was seen, and the highest
     /// version among its objects so far.
@@ -60,7 +60,7 @@ fn resource_version<K: Resource>(object: &K) -> u64 {
 
 impl WatchProgress {
     /// Takes note of `event`, which the store has already applied.
-    pub fn saw<K: Resource>(&self, event: &Event<K>) {
+    pub(crate) fn saw<K: Resource>(&self, event: &Event<K>) {
         let mut listing = self.listing.lock().unwrap_or_else(PoisonError::into_inner);
         match event {
             Event::Init => *listing = Some((Instant::now(), 0)),
@@ -86,7 +86,7 @@ impl WatchProgress {
     }
 
     /// The mark to take *before* reading the store.
-    pub fn mark(&self) -> CacheMark {
+    pub(crate) fn mark(&self) -> CacheMark {
         let listed_after = *self
             .listed_after
             .lock()

@@ -18,46 +18,47 @@ use std::{
 };
 
 use proto::v1beta1::device_plugin_server::DevicePluginServer;
-pub use registration::{RegisterError, register_once};
-pub use service::{AllocationHint, PluginService, options};
+pub(crate) use service::PluginService;
 use tokio::sync::{Notify, oneshot, watch};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::{allocator::Policy, config::KubeAccess, devices::DeviceTable};
+use crate::{
+    inventory::DeviceTable,
+    preferred::{AllocationHint, Policy},
+};
 
 /// How often the sockets are checked for a kubelet restart.
 const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Where kubelet is and what to register.
 #[derive(Debug, Clone)]
-pub struct KubeletConfig {
-    pub kubelet_socket: PathBuf,
-    pub socket: PathBuf,
-    pub resource_name: String,
-    pub policy: Policy,
-    pub kube: KubeAccess,
+pub(crate) struct KubeletConfig {
+    pub(crate) kubelet_socket: PathBuf,
+    pub(crate) socket: PathBuf,
+    pub(crate) resource_name: String,
+    pub(crate) policy: Policy,
     /// HAMi's Allocate; `None` without the Kubernetes API.
-    pub allocator: Option<Arc<crate::allocate::Allocator>>,
+    pub(crate) allocator: Option<Arc<crate::allocate::Allocator>>,
     /// HAMi's choice for GetPreferredAllocation; `None` without the API.
-    pub hint: Option<Arc<dyn AllocationHint>>,
+    pub(crate) hint: Option<Arc<dyn AllocationHint>>,
     /// VRAM caps at PreStartContainer; `None` without the API.
-    pub vram: Option<Arc<crate::vram::VramCaps>>,
+    pub(crate) vram: Option<Arc<crate::vram::VramCaps>>,
     /// The loader check at PreStartContainer; `None` when off.
-    pub loader: Option<Arc<crate::loader::LoaderCheck>>,
+    pub(crate) loader: Option<Arc<crate::loader::LoaderCheck>>,
     /// Allocate metrics and the registration state.
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl KubeletConfig {
     /// Whether kubelet must call PreStartContainer now.
-    pub fn pre_start_required(&self) -> bool {
+    pub(crate) fn pre_start_required(&self) -> bool {
         self.loader.is_some() || self.vram.as_ref().is_some_and(|v| v.pre_start_required())
     }
 }
 
 /// Why the server stopped serving.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeletError {
+pub(crate) enum KubeletError {
     #[error("cannot bind the plugin socket {path}: {source}")]
     Bind {
         path: String,
@@ -73,7 +74,7 @@ pub enum KubeletError {
 ///
 /// # Errors
 /// When the plugin socket cannot be bound.
-pub async fn run(
+pub(crate) async fn run(
     config: KubeletConfig,
     devices: watch::Receiver<DeviceTable>,
     shutdown: impl Future<Output = ()>,
@@ -129,7 +130,6 @@ async fn serve_once(
     let service = PluginService {
         devices,
         policy: config.policy,
-        kube: config.kube.clone(),
         stream_closed: stream_closed.clone(),
         hint: config.hint.clone(),
         allocator: config.allocator.clone(),

@@ -14,7 +14,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Why one attempt failed.
 #[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
+pub(crate) enum RegisterError {
     #[error("cannot reach kubelet at {path}: {source}")]
     Connect {
         path: String,
@@ -29,7 +29,7 @@ pub enum RegisterError {
 ///
 /// # Errors
 /// When kubelet cannot be reached or refuses.
-pub async fn register_once(
+pub(crate) async fn register_once(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,
@@ -54,7 +54,7 @@ pub async fn register_once(
 /// Registers until it succeeds (`true`), waiting longer after each failure;
 /// gives up (`false`) as soon as `still_valid` says the attempt is moot (our
 /// socket was deleted, so kubelet could not dial back anyway).
-pub async fn register(
+pub(crate) async fn register(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,

@@ -1,6 +1,6 @@
 //! The DevicePlugin gRPC service kubelet calls, over the device table.
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Instant};
+use std::{pin::Pin, sync::Arc, time::Instant};
 
 use futures_util::Stream;
 use proto::v1beta1::{
@@ -14,47 +14,37 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::{allocator, config::KubeAccess, devices::DeviceTable, metrics::Metrics};
-
-/// A source of preferred devices that knows more than the topology: HAMi's
-/// decision for the pod being admitted. Consulted first by
-/// GetPreferredAllocation; `None` falls back to the allocator policy.
-pub trait AllocationHint: Send + Sync + std::fmt::Debug {
-    /// Preferred device ids for one container request, if this source knows.
-    fn preferred<'a>(
-        &'a self,
-        available: &'a [String],
-        must_include: &'a [String],
-        size: usize,
-    ) -> Pin<Box<dyn Future<Output = Option<Vec<String>>> + Send + 'a>>;
-}
+use crate::{
+    inventory::DeviceTable,
+    metrics::Metrics,
+    preferred::{self, AllocationHint},
+};
 
 /// What the service answers with.
 #[derive(Debug, Clone)]
-pub struct PluginService {
-    pub devices: watch::Receiver<DeviceTable>,
-    pub policy: allocator::Policy,
-    pub kube: KubeAccess,
+pub(crate) struct PluginService {
+    pub(crate) devices: watch::Receiver<DeviceTable>,
+    pub(crate) policy: preferred::Policy,
     /// Notified when kubelet's ListAndWatch stream goes away.
-    pub stream_closed: Arc<Notify>,
+    pub(crate) stream_closed: Arc<Notify>,
     /// HAMi's choice, when the allocation protocol provides one.
-    pub hint: Option<Arc<dyn AllocationHint>>,
+    pub(crate) hint: Option<Arc<dyn AllocationHint>>,
     /// HAMi's Allocate, when the Kubernetes API is available.
-    pub allocator: Option<Arc<crate::allocate::Allocator>>,
+    pub(crate) allocator: Option<Arc<crate::allocate::Allocator>>,
     /// VRAM caps at PreStartContainer, when the Kubernetes API is available.
-    pub vram: Option<Arc<crate::vram::VramCaps>>,
+    pub(crate) vram: Option<Arc<crate::vram::VramCaps>>,
     /// The loader check at PreStartContainer (`--loader-check`).
-    pub loader: Option<Arc<crate::loader::LoaderCheck>>,
+    pub(crate) loader: Option<Arc<crate::loader::LoaderCheck>>,
     /// Turns true when this server stops: open streams end so that the
     /// server's graceful shutdown does not wait on kubelet.
-    pub stopping: watch::Receiver<bool>,
+    pub(crate) stopping: watch::Receiver<bool>,
     /// Allocate counts, errors and latency.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// The options, the same in Register and GetDevicePluginOptions;
 /// PreStartContainer only when VRAM caps need it.
-pub fn options(pre_start_required: bool) -> DevicePluginOptions {
+pub(crate) fn options(pre_start_required: bool) -> DevicePluginOptions {
     DevicePluginOptions {
         pre_start_required,
         get_preferred_allocation_available: true,
@@ -145,7 +135,7 @@ impl DevicePlugin for PluginService {
                 None => None,
             };
             let ids = hinted.unwrap_or_else(|| {
-                allocator::preferred(self.policy, &topology, available, must, size)
+                preferred::preferred(self.policy, &topology, available, must, size)
             });
             debug!(?ids, size, "GetPreferredAllocation");
             container_responses.push(ContainerPreferredAllocationResponse { device_i_ds: ids });
@@ -168,10 +158,10 @@ impl DevicePlugin for PluginService {
                     .allocate(&req.devices_ids)
                     .instrument(info_span!("allocate", devices = ?req.devices_ids))
                     .await;
-                let outcome = answer.as_ref().map(drop).map_err(|e| e.reason.label());
+                let outcome = answer.as_ref().map(drop).map_err(|e| e.reason().label());
                 self.metrics.record_allocate(started.elapsed(), outcome);
                 container_responses
-                    .push(answer.map_err(|e| Status::failed_precondition(e.message))?);
+                    .push(answer.map_err(|e| Status::failed_precondition(e.to_string()))?);
             }
             return Ok(Response::new(AllocateResponse {
                 container_responses,
@@ -222,7 +212,7 @@ mod tests {
     use proto::v1beta1::ContainerPreferredAllocationRequest;
 
     use super::*;
-    use crate::devices::Slot;
+    use crate::inventory::Slot;
 
     #[derive(Debug)]
     struct Fixed(Vec<String>);
@@ -257,8 +247,7 @@ mod tests {
     ) -> PluginService {
         PluginService {
             devices: tx.subscribe(),
-            policy: allocator::Policy::BestEffort,
-            kube: KubeAccess::None,
+            policy: preferred::Policy::BestEffort,
             stream_closed: Arc::new(Notify::new()),
             hint,
             allocator: None,

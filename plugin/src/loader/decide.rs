@@ -7,11 +7,11 @@ use std::fmt;
 /// The first glibc whose loader honours `LD_AUDIT` for the hook: 2.34
 /// moved libpthread and libdl into libc.so.6, and the hook is built
 /// against that layout (`GLIBC_2.34` symbols).
-pub const FIRST_GLIBC: (u32, u32) = (2, 34);
+pub(crate) const FIRST_GLIBC: (u32, u32) = (2, 34);
 
 /// The loader amd-gpud found (`InspectImage`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     Glibc { major: u32, minor: u32 },
     Musl,
     Static,
@@ -20,16 +20,16 @@ pub enum Found {
 
 /// One `InspectImage` answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Inspected {
-    pub found: Found,
-    pub digest: String,
-    pub evidence: String,
+pub(crate) struct Inspected {
+    pub(crate) found: Found,
+    pub(crate) digest: String,
+    pub(crate) evidence: String,
 }
 
 impl Inspected {
     /// From the wire: `loader`, `glibc` ("2.36"), `digest`, `evidence`.
     /// A loader or version this plugin does not know reads as unknown.
-    pub fn from_wire(loader: &str, glibc: &str, digest: String, evidence: String) -> Self {
+    pub(crate) fn from_wire(loader: &str, glibc: &str, digest: String, evidence: String) -> Self {
         let version = glibc
             .split_once('.')
             .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
@@ -60,7 +60,7 @@ impl fmt::Display for Found {
 
 /// What the container gets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// The hook goes into its staged directory.
     Hook,
     /// No hook: the loader would ignore it or fail on it, and the dmem
@@ -76,7 +76,7 @@ const OR_DMEM: &str = "use an image whose libc is glibc 2.34 or newer, or turn o
 
 /// The decision for an image whose loader is `found`, when the dmem
 /// backend caps the slice (`capped`) or not.
-pub fn decide(found: &Found, capped: bool) -> Decision {
+pub(crate) fn decide(found: &Found, capped: bool) -> Decision {
     match found {
         Found::Glibc { major, minor } if (*major, *minor) >= FIRST_GLIBC => Decision::Hook,
         Found::Glibc { .. } | Found::Musl | Found::Static if capped => Decision::NoHook,
@@ -92,7 +92,7 @@ pub fn decide(found: &Found, capped: bool) -> Decision {
 /// same ids, in any order, so both name the same directory; the hash is
 /// fixed here (not `std`'s, which may change between builds) so that a
 /// plugin upgraded in between still agrees.
-pub fn staging_key(ids: &[String]) -> String {
+pub(crate) fn staging_key(ids: &[String]) -> String {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();

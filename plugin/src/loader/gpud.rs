@@ -8,7 +8,7 @@ use ipc::{ApiError, proxy::LoaderProxy};
 use zbus::proxy::CacheProperties;
 
 use super::{LoaderSink, SinkError, decide::Inspected};
-use crate::gpud_client::{Bus, connect};
+use crate::gpud::{Bus, connect};
 
 /// amd-gpud answers `InspectImage` within 20 s (a longer inspection goes on
 /// and answers Busy); kubelet gives PreStartContainer 30 s in all.
@@ -17,8 +17,8 @@ const STAGE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The loader check through amd-gpud.
 #[derive(Debug, Clone)]
-pub struct GpudLoader {
-    pub bus: Bus,
+pub(crate) struct GpudLoader {
+    pub(crate) bus: Bus,
 }
 
 fn sink_error(err: ApiError) -> SinkError {

@@ -17,8 +17,8 @@
 //! Each refusal is a Warning Event on the pod naming the image, what was
 //! found and what would let it run.
 
-pub mod decide;
-pub mod gpud;
+pub(crate) mod decide;
+pub(crate) mod gpud;
 
 use std::{fmt, future::Future, path::PathBuf, pin::Pin, sync::Arc};
 
@@ -37,11 +37,11 @@ use decide::{Decision, Inspected, decide, staging_key};
 
 /// Where the memory hook goes inside a container; its directory is what
 /// Allocate mounts from the staged one.
-pub const HOOK_DIR_IN_CONTAINER: &str = "/usr/local/vgpu";
+pub(crate) const HOOK_DIR_IN_CONTAINER: &str = "/usr/local/vgpu";
 
 /// Why amd-gpud could not answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SinkError {
+pub(crate) enum SinkError {
     #[error("{0}")]
     NotPresent(String),
     #[error("{0}")]
@@ -53,7 +53,7 @@ pub enum SinkError {
 }
 
 /// amd-gpud's `InspectImage` and `StageMemoryHook`.
-pub trait LoaderSink: Send + Sync + fmt::Debug {
+pub(crate) trait LoaderSink: Send + Sync + fmt::Debug {
     fn inspect(
         &self,
         image: String,
@@ -69,7 +69,7 @@ pub trait LoaderSink: Send + Sync + fmt::Debug {
 
 /// Why a container start is refused.
 #[derive(Debug, thiserror::Error)]
-pub enum LoaderError {
+pub(crate) enum LoaderError {
     #[error(transparent)]
     Owner(#[from] CapError),
     #[error("pod {pod}: {why}")]
@@ -111,15 +111,15 @@ impl LoaderError {
 
 /// The check, as PreStartContainer runs it.
 #[derive(Clone)]
-pub struct LoaderCheck {
-    pub sink: Arc<dyn LoaderSink>,
-    pub owners: Arc<Owners>,
-    pub pods: Arc<dyn PodLookup>,
+pub(crate) struct LoaderCheck {
+    pub(crate) sink: Arc<dyn LoaderSink>,
+    pub(crate) owners: Arc<Owners>,
+    pub(crate) pods: Arc<dyn PodLookup>,
     /// Kubelet's pod-resources socket, which names the container of a set
     /// of device ids; `None` leaves only a pod's single GPU container.
-    pub pod_resources: Option<PathBuf>,
-    pub resource_name: String,
-    pub events: Option<Events>,
+    pub(crate) pod_resources: Option<PathBuf>,
+    pub(crate) resource_name: String,
+    pub(crate) events: Option<Events>,
 }
 
 impl fmt::Debug for LoaderCheck {
@@ -137,7 +137,11 @@ impl LoaderCheck {
     ///
     /// # Errors
     /// [`LoaderError`], for kubelet; also sent as an Event on the pod.
-    pub async fn pre_start(&self, ids: &[String], capped: bool) -> Result<bool, LoaderError> {
+    pub(crate) async fn pre_start(
+        &self,
+        ids: &[String],
+        capped: bool,
+    ) -> Result<bool, LoaderError> {
         if self.owners.hooked(ids) == Some(false) {
             return Ok(false);
         }
@@ -250,9 +254,8 @@ impl LoaderCheck {
                 Err(why) => kubelet_says = format!("{}: {why}", path.display()),
             }
         }
-        let mut asking = all().filter(|c| {
-            crate::allocate::container_asks(c, &self.resource_name).is_some_and(|n| n > 0)
-        });
+        let mut asking = all()
+            .filter(|c| crate::kube::container_asks(c, &self.resource_name).is_some_and(|n| n > 0));
         match (asking.next(), asking.next()) {
             (Some(only), None) => Ok(only),
             _ => Err(format!(

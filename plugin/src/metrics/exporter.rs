@@ -7,21 +7,21 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::{Exporter, Metrics, usage};
-use crate::{gpud_client::Snapshot, kube::Caches};
+use crate::{inventory::Snapshot, kube::Caches};
 
 /// What `/metrics` and `/readyz` read.
 #[derive(Clone)]
-pub struct NodeExporter {
-    pub metrics: Arc<Metrics>,
-    pub snapshots: watch::Receiver<Snapshot>,
+pub(crate) struct NodeExporter {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) snapshots: watch::Receiver<Snapshot>,
     /// The watch caches; `None` with `--kube none`.
-    pub caches: Option<Caches>,
+    pub(crate) caches: Option<Caches>,
     /// `--split-count`.
-    pub split_count: u32,
+    pub(crate) split_count: u32,
     /// amd-gpud's last `GetUsage` answer; `None` without metrics.
-    pub usage: Option<crate::gpud_usage::UsageFeed>,
+    pub(crate) usage: Option<crate::gpud::usage::UsageFeed>,
     /// The node's name (HAMi's `node` label).
-    pub node_name: String,
+    pub(crate) node_name: String,
 }
 
 impl Exporter for NodeExporter {

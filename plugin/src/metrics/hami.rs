@@ -1,6 +1,6 @@
 //! HAMi's vGPU monitor series for AMD (Project-HAMi/HAMi:cmd/vGPUmonitor/metrics.go):
 //! the same names, labels and units, from what amd-gpud measured
-//! (`GetUsage`, [`crate::gpud_usage`]) joined with the grants HAMi made
+//! (`GetUsage`, [`crate::gpud::usage`]) joined with the grants HAMi made
 //! (`hami.io/amd-devices-allocated`, `hami.io/amd-cu-allocated`), plus
 //! series of ours for what HAMi has no name for.
 //!
@@ -22,6 +22,10 @@
 //! otherwise for no container. Processes outside pod cgroups never reach
 //! the plugin.
 
+mod join;
+#[cfg(test)]
+mod tests;
+
 use std::{
     collections::HashMap,
     sync::{Arc, atomic::AtomicU64},
@@ -35,9 +39,11 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{hami_join::Devices, usage::live};
+use self::join::Devices;
+use super::usage::live;
 use crate::{
-    devices::gpu_id, gpud_client::Snapshot, hami::register::DeviceInfo, node_register::product_name,
+    hami::register::DeviceInfo, inventory::Snapshot, inventory::gpu_id,
+    register::entries::product_name,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -49,27 +55,27 @@ struct HostLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
-pub(super) struct ContainerLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    pub vdevice_index: String,
-    pub device_uuid: String,
+struct ContainerLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) container: String,
+    pub(crate) vdevice_index: String,
+    pub(crate) device_uuid: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct MaskLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub device_uuid: String,
-    pub mask: String,
+struct MaskLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) device_uuid: String,
+    pub(crate) mask: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct ChargedLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub pci_bdf: String,
+struct ChargedLabels {
+    pub(crate) namespace: String,
+    pub(crate) pod: String,
+    pub(crate) pci_bdf: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -82,20 +88,21 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// The usage series.
 #[derive(Debug, Default)]
-pub struct HamiMetrics {
+pub(crate) struct HamiMetrics {
     host_memory: Family<HostLabels, Gauge>,
     host_utilization: Family<HostLabels, Gauge>,
-    pub(super) vgpu_used: Family<ContainerLabels, Gauge>,
-    pub(super) vgpu_limit: Family<ContainerLabels, Gauge>,
-    pub(super) container_cus: Family<ContainerLabels, Gauge>,
-    pub(super) cu_mask: Family<MaskLabels, Gauge>,
-    pub(super) charged: Family<ChargedLabels, Gauge>,
+    vgpu_used: Family<ContainerLabels, Gauge>,
+    vgpu_limit: Family<ContainerLabels, Gauge>,
+    container_cus: Family<ContainerLabels, Gauge>,
+    cu_mask: Family<MaskLabels, Gauge>,
+    charged: Family<ChargedLabels, Gauge>,
     temperature: Family<GpuLabels, FloatGauge>,
     power: Family<GpuLabels, FloatGauge>,
 }
 
+#[cfg(test)]
 /// Every series name this module exports (the dashboard check reads them).
-pub const SERIES: [&str; 9] = [
+pub(crate) const SERIES: [&str; 9] = [
     "hami_host_gpu_memory_used_bytes",
     "hami_host_gpu_utilization_ratio",
     "hami_vgpu_memory_used_bytes",
@@ -118,7 +125,7 @@ pub struct Inputs<'a> {
 
 impl HamiMetrics {
     /// Registers HAMi's series in `hami` (no prefix; HAMi's `zone` label).
-    pub fn register_hami(&self, hami: &mut Registry) {
+    pub(crate) fn register_hami(&self, hami: &mut Registry) {
         hami.register(
             "hami_host_gpu_memory_used_bytes",
             "GPU device memory usage in bytes",
@@ -142,7 +149,7 @@ impl HamiMetrics {
     }
 
     /// Registers our series in `ours` (the `amdgpu_dp` prefix).
-    pub fn register_ours(&self, ours: &mut Registry) {
+    pub(crate) fn register_ours(&self, ours: &mut Registry) {
         ours.register(
             "container_compute_units",
             "CUs HAMi granted each container on each device",
@@ -172,7 +179,7 @@ impl HamiMetrics {
 
     /// Sets every series from `inputs`; what is no longer there loses its
     /// series.
-    pub fn observe(&self, inputs: &Inputs<'_>) {
+    pub(crate) fn observe(&self, inputs: &Inputs<'_>) {
         self.host_memory.clear();
         self.host_utilization.clear();
         self.temperature.clear();

@@ -22,9 +22,8 @@
 
 mod exporter;
 pub mod hami;
-mod hami_join;
-pub mod server;
-pub mod usage;
+pub(crate) mod server;
+pub(crate) mod usage;
 
 use std::{
     borrow::Cow,
@@ -32,18 +31,19 @@ use std::{
     time::Duration,
 };
 
-pub use exporter::NodeExporter;
+pub(crate) use exporter::NodeExporter;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-pub use server::{Exporter, MetricsServerError};
-pub use usage::{GpuUsage, Usage, usage};
+pub(crate) use server::Exporter;
+pub(crate) use usage::usage;
+pub use usage::{GpuUsage, Usage};
 
 use crate::{
-    devices::{gpu_id, slots_of},
-    gpud_client::Snapshot,
+    inventory::Snapshot,
+    inventory::{gpu_id, slots_of},
 };
 
 /// Labels of the per-GPU series.
@@ -73,7 +73,7 @@ struct StatusLabel {
 /// The plugin's Landlock sandbox, as the `amdgpu_dp_landlock_status` metric
 /// reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LandlockStatus {
+pub(crate) enum LandlockStatus {
     /// No ruleset was applied (yet).
     NotApplied,
     /// The kernel has no Landlock, or refused the ruleset.
@@ -92,7 +92,7 @@ impl LandlockStatus {
     ];
 
     /// The `status` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::NotApplied => "not_applied",
             Self::NotEnforced => "not_enforced",
@@ -248,7 +248,7 @@ impl Metrics {
     }
 
     /// One container's Allocate: how long it took, and the failure reason.
-    pub fn record_allocate(&self, elapsed: Duration, outcome: Result<(), &str>) {
+    pub(crate) fn record_allocate(&self, elapsed: Duration, outcome: Result<(), &str>) {
         self.allocate_requests.inc();
         self.allocate_duration.observe(elapsed.as_secs_f64());
         if let Err(reason) = outcome {
@@ -260,21 +260,21 @@ impl Metrics {
     }
 
     /// Whether the plugin is registered with kubelet now.
-    pub fn set_kubelet_registered(&self, registered: bool) {
+    pub(crate) fn set_kubelet_registered(&self, registered: bool) {
         self.registered.store(registered, Ordering::Relaxed);
         self.kubelet_registered.set(i64::from(registered));
     }
 
-    pub fn kubelet_registered(&self) -> bool {
+    pub(crate) fn kubelet_registered(&self) -> bool {
         self.registered.load(Ordering::Relaxed)
     }
 
-    pub fn set_apiserver_connected(&self, connected: bool) {
+    pub(crate) fn set_apiserver_connected(&self, connected: bool) {
         self.apiserver_connected.set(i64::from(connected));
     }
 
     /// The Landlock status (set once the sandbox is applied, at start).
-    pub fn set_landlock(&self, status: LandlockStatus) {
+    pub(crate) fn set_landlock(&self, status: LandlockStatus) {
         for s in LandlockStatus::ALL {
             let label = StatusLabel {
                 status: s.label().to_owned(),
@@ -347,7 +347,5 @@ impl Metrics {
     }
 }
 
-#[cfg(test)]
-mod hami_tests;
 #[cfg(test)]
 mod tests;

@@ -22,24 +22,24 @@ use tokio::{net::TcpListener, sync::Semaphore};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 /// Content type of the OpenMetrics text format.
-pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// A connection may stay open this long at most (a scrape takes milliseconds).
-pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connections served at once (Prometheus and kubelet's probes need a few).
-pub const MAX_CONNECTIONS: usize = 32;
+pub(crate) const MAX_CONNECTIONS: usize = 32;
 
 /// A client must have sent its request head this long after the connection
 /// is ready to read one (also between the requests of a kept-alive one).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Largest request head read, bytes (hyper's minimum is 8 KiB; the requests
 /// served have no body). A longer one is answered 431 and closed.
-pub const MAX_REQUEST_BUF: usize = 16 * 1024;
+pub(crate) const MAX_REQUEST_BUF: usize = 16 * 1024;
 
 /// What the server serves.
-pub trait Exporter: Send + Sync + 'static {
+pub(crate) trait Exporter: Send + Sync + 'static {
     /// The metrics, refreshed for this scrape.
     ///
     /// # Errors
@@ -55,7 +55,7 @@ pub trait Exporter: Send + Sync + 'static {
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum MetricsServerError {
+pub(crate) enum MetricsServerError {
     #[error("cannot listen for metrics on {address}: {source}")]
     Bind {
         address: SocketAddr,
@@ -68,7 +68,7 @@ pub enum MetricsServerError {
 ///
 /// # Errors
 /// When the address cannot be bound.
-pub async fn bind(address: SocketAddr) -> Result<TcpListener, MetricsServerError> {
+pub(crate) async fn bind(address: SocketAddr) -> Result<TcpListener, MetricsServerError> {
     let listener = TcpListener::bind(address)
         .await
         .map_err(|source| MetricsServerError::Bind { address, source })?;
@@ -77,7 +77,7 @@ pub async fn bind(address: SocketAddr) -> Result<TcpListener, MetricsServerError
 }
 
 /// Serves `exporter` on `listener` until the task is dropped or aborted.
-pub async fn serve(listener: TcpListener, exporter: Arc<dyn Exporter>) {
+pub(crate) async fn serve(listener: TcpListener, exporter: Arc<dyn Exporter>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, peer) = match listener.accept().await {

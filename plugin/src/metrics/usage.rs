@@ -15,10 +15,10 @@ const MIB: u64 = 1024 * 1024;
 /// What the live pods hold of one GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuUsage {
-    pub compute_units: u64,
-    pub vram_bytes: u64,
+    pub(crate) compute_units: u64,
+    pub(crate) vram_bytes: u64,
     /// Containers holding a share of the GPU.
-    pub containers: u64,
+    pub(crate) containers: u64,
 }
 
 /// Usage by GPU id.
@@ -38,7 +38,7 @@ pub(crate) fn live(pod: &Pod) -> bool {
 
 /// Sums the grants of the live pods in `pods` (a value that does not parse
 /// is skipped).
-pub fn usage(pods: &[Arc<Pod>]) -> Usage {
+pub(crate) fn usage(pods: &[Arc<Pod>]) -> Usage {
     let mut usage = Usage::new();
     for pod in pods.iter().filter(|p| live(p)) {
         let Some(value) = pod.annotations().get(ALLOCATED_KEY) else {

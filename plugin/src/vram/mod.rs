@@ -12,22 +12,26 @@
 //! cap that cannot be applied fails the container start; with `auto` it is
 //! logged and reported as a Warning Event on the pod, and the container starts
 //! with the cooperative limit only.
+//!
+//! [`owners`] records and recovers the pod of each device id; [`gpud`] is
+//! the [`CapSink`] that asks amd-gpud.
 
-pub mod owners;
+pub(crate) mod gpud;
+pub(crate) mod owners;
 
 use std::{collections::BTreeMap, fmt, future::Future, pin::Pin, sync::Arc};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-pub use owners::Owners;
+pub(crate) use owners::Owners;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
     config::DmemMode,
-    devices::gpu_id,
-    gpud_client::Snapshot,
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    inventory::Snapshot,
+    inventory::gpu_id,
     kube::{Events, Regarding},
 };
 
@@ -35,7 +39,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// Why a cap was not applied.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CapError {
+pub(crate) enum CapError {
     #[error("no pod is known for devices {ids:?}: {why}")]
     NoPod { ids: Vec<String>, why: String },
     #[error("pod {pod}: {why}")]
@@ -45,7 +49,7 @@ pub enum CapError {
 }
 
 /// Sets a pod's VRAM limits (amd-gpud's `SetPodVramLimits`).
-pub trait CapSink: Send + Sync + fmt::Debug {
+pub(crate) trait CapSink: Send + Sync + fmt::Debug {
     /// Whether amd-gpud reports its dmem backend on.
     fn backend_on(&self) -> bool;
 
@@ -59,7 +63,7 @@ pub trait CapSink: Send + Sync + fmt::Debug {
 
 /// Finds a pod of this node by name (and uid, when given): Allocate's
 /// knowledge ahead of the watch cache, the cache, then the API server.
-pub trait PodLookup: Send + Sync {
+pub(crate) trait PodLookup: Send + Sync {
     /// The pod, or why it cannot be had.
     fn find<'a>(
         &'a self,
@@ -70,7 +74,7 @@ pub trait PodLookup: Send + Sync {
 }
 
 /// Whether `pod` is `namespace/name` (of `uid`, when given).
-pub fn is_pod(pod: &Pod, namespace: &str, name: &str, uid: Option<&str>) -> bool {
+pub(crate) fn is_pod(pod: &Pod, namespace: &str, name: &str, uid: Option<&str>) -> bool {
     pod.namespace().as_deref() == Some(namespace)
         && pod.name_any() == name
         && uid.is_none_or(|u| pod.metadata.uid.as_deref() == Some(u))
@@ -78,13 +82,13 @@ pub fn is_pod(pod: &Pod, namespace: &str, name: &str, uid: Option<&str>) -> bool
 
 /// The PreStartContainer side of VRAM caps.
 #[derive(Clone)]
-pub struct VramCaps {
-    pub mode: DmemMode,
-    pub sink: Arc<dyn CapSink>,
-    pub owners: Arc<Owners>,
-    pub pods: Arc<dyn PodLookup>,
-    pub snapshots: watch::Receiver<Snapshot>,
-    pub events: Option<Events>,
+pub(crate) struct VramCaps {
+    pub(crate) mode: DmemMode,
+    pub(crate) sink: Arc<dyn CapSink>,
+    pub(crate) owners: Arc<Owners>,
+    pub(crate) pods: Arc<dyn PodLookup>,
+    pub(crate) snapshots: watch::Receiver<Snapshot>,
+    pub(crate) events: Option<Events>,
 }
 
 impl fmt::Debug for VramCaps {
@@ -99,7 +103,7 @@ impl fmt::Debug for VramCaps {
 impl VramCaps {
     /// Whether kubelet must call PreStartContainer: `on`, or `auto` with
     /// amd-gpud's backend on.
-    pub fn pre_start_required(&self) -> bool {
+    pub(crate) fn pre_start_required(&self) -> bool {
         match self.mode {
             DmemMode::Off => false,
             DmemMode::On => true,
@@ -113,7 +117,7 @@ impl VramCaps {
     ///
     /// # Errors
     /// With `--dmem-backend on` or `mandatory`: the reason, for kubelet.
-    pub async fn pre_start(&self, ids: &[String], mandatory: bool) -> Result<(), String> {
+    pub(crate) async fn pre_start(&self, ids: &[String], mandatory: bool) -> Result<(), String> {
         if !self.pre_start_required() {
             return Ok(());
         }
@@ -187,7 +191,7 @@ impl VramCaps {
 /// # Errors
 /// When the annotation is missing or malformed, names a GPU this node does
 /// not have, or the sum overflows.
-pub fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64>, String> {
+pub(crate) fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64>, String> {
     let value = pod
         .annotations()
         .get(ALLOCATED_KEY)
@@ -196,7 +200,7 @@ pub fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64
         parse_pod_devices(DevicesAnnotation::Allocated, value).map_err(|e| e.to_string())?;
     let mut limits = BTreeMap::new();
     // A grant made under an older name of a device counts on that device.
-    let aliases = crate::device_ids::Aliases::of(snapshot);
+    let aliases = crate::inventory::ids::Aliases::of(snapshot);
     for device in containers.iter().flatten() {
         let current = aliases
             .resolve(&device.uuid)

@@ -22,10 +22,10 @@ use crate::kube::CALL_TIMEOUT;
 
 /// A pod, as Events and amd-gpud need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct PodRef {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 /// Device ids -> the pod they were allocated to, and the record's size
@@ -41,7 +41,7 @@ struct Record {
 
 /// Device ids -> the pod they were allocated to.
 #[derive(Debug)]
-pub struct Owners {
+pub(crate) struct Owners {
     record: Mutex<Record>,
     /// Kubelet's pod-resources socket; `None` disables recovery.
     pod_resources: Option<PathBuf>,
@@ -49,7 +49,7 @@ pub struct Owners {
 }
 
 impl Owners {
-    pub fn new(pod_resources: Option<PathBuf>, resource_name: &str) -> Self {
+    pub(crate) fn new(pod_resources: Option<PathBuf>, resource_name: &str) -> Self {
         Self {
             record: Mutex::new(Record::default()),
             pod_resources,
@@ -61,7 +61,7 @@ impl Owners {
     /// says no are dropped each time the record has doubled since it was
     /// last pruned (a stale entry is harmless: the same ids allocated again
     /// replace it), so that this stays cheap on every Allocate.
-    pub fn remember(&self, ids: &[String], pod: PodRef, live: impl Fn(&str) -> bool) {
+    pub(crate) fn remember(&self, ids: &[String], pod: PodRef, live: impl Fn(&str) -> bool) {
         let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         if record.by_ids.len() >= record.prune_at {
             record.by_ids.retain(|_, p| live(&p.uid));
@@ -74,21 +74,21 @@ impl Owners {
 
     /// Records whether Allocate mounted a staged memory hook for `ids`
     /// (after [`Self::remember`]).
-    pub fn remember_hook(&self, ids: &[String], staged: bool) {
+    pub(crate) fn remember_hook(&self, ids: &[String], staged: bool) {
         let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         record.hooked.insert(ids.iter().cloned().collect(), staged);
     }
 
     /// Whether Allocate mounted a staged hook for exactly `ids`; `None`
     /// when this process did not allocate them.
-    pub fn hooked(&self, ids: &[String]) -> Option<bool> {
+    pub(crate) fn hooked(&self, ids: &[String]) -> Option<bool> {
         let key: BTreeSet<String> = ids.iter().cloned().collect();
         let record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         record.hooked.get(&key).copied()
     }
 
     /// The recorded owner of exactly `ids`.
-    pub fn get(&self, ids: &[String]) -> Option<PodRef> {
+    pub(crate) fn get(&self, ids: &[String]) -> Option<PodRef> {
         let key: BTreeSet<String> = ids.iter().cloned().collect();
         let record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         record.by_ids.get(&key).cloned()
@@ -99,7 +99,11 @@ impl Owners {
     ///
     /// # Errors
     /// When the API is off or unreachable, or names no such pod.
-    pub async fn recover(&self, ids: &[String], pods: &dyn PodLookup) -> Result<PodRef, CapError> {
+    pub(crate) async fn recover(
+        &self,
+        ids: &[String],
+        pods: &dyn PodLookup,
+    ) -> Result<PodRef, CapError> {
         let fail = |why: String| CapError::NoPod {
             ids: ids.to_vec(),
             why,
@@ -154,7 +158,7 @@ pub(crate) async fn list_pod_resources(
 }
 
 /// The pod with a container whose `resource` devices include every id.
-pub fn owner_in(
+pub(crate) fn owner_in(
     list: &ListPodResourcesResponse,
     resource: &str,
     ids: &[String],
@@ -164,7 +168,7 @@ pub fn owner_in(
 
 /// The pod (namespace, name) and container whose `resource` devices
 /// include every id.
-pub fn holder_in(
+pub(crate) fn holder_in(
     list: &ListPodResourcesResponse,
     resource: &str,
     ids: &[String],

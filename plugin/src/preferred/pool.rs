@@ -63,11 +63,11 @@ impl<'a> Answer<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Candidate<'a> {
     /// Index into the topology.
-    pub gpu: usize,
+    pub(crate) gpu: usize,
     /// Its lowest available slot.
-    pub id: &'a str,
+    pub(crate) id: &'a str,
     /// How many of its slots are available.
-    pub free: usize,
+    pub(crate) free: usize,
 }
 
 /// The IDs left to choose from once `must_include` is in the answer.
@@ -76,9 +76,9 @@ pub(super) struct Pool<'a> {
     /// `available` without duplicates nor IDs already in the answer, in order.
     ids: Vec<&'a str>,
     /// Known GPUs the answer already covers (topology indices, ascending).
-    pub fixed: Vec<usize>,
+    pub(crate) fixed: Vec<usize>,
     /// Known GPUs to choose from, in topology order.
-    pub candidates: Vec<Candidate<'a>>,
+    pub(crate) candidates: Vec<Candidate<'a>>,
 }
 
 impl<'a> Pool<'a> {

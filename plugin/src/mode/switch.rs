@@ -15,32 +15,33 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    devices::gpu_id,
-    gpud_client::{Bus, Snapshot, connect},
+    gpud::{Bus, connect},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    inventory::Snapshot,
+    inventory::gpu_id,
+    inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
-    partition::{self, MODE_ANNOTATION, OperatingMode},
     vram::owners::list_pod_resources,
 };
 
 /// The Event reasons: the switch waits for a trustworthy view of
 /// allocations (Warning), and goes on once it has one (Normal).
-pub const DEFERRED: &str = "PartitionSwitchDeferred";
-pub const RESUMED: &str = "PartitionSwitchResumed";
+pub(crate) const DEFERRED: &str = "PartitionSwitchDeferred";
+pub(crate) const RESUMED: &str = "PartitionSwitchResumed";
 
 /// How often a view that cannot be trusted yet is looked at again.
 const RECHECK: Duration = Duration::from_secs(2);
 
 /// Where the switch learns which GPUs pods hold.
 #[derive(Clone, Default)]
-pub struct Sources {
+pub(crate) struct Sources {
     /// The watch caches (`None` with `--kube none`).
-    pub caches: Option<Caches>,
+    pub(crate) caches: Option<Caches>,
     /// Kubelet's pod-resources socket (`None` when turned off).
-    pub pod_resources: Option<PathBuf>,
+    pub(crate) pod_resources: Option<PathBuf>,
     /// The resource whose devices pod-resources names (`amd.com/gpu`).
-    pub resource_name: String,
-    pub events: Option<Events>,
+    pub(crate) resource_name: String,
+    pub(crate) events: Option<Events>,
 }
 
 /// Every allocation the node's pods hold, from a view that can be trusted.
@@ -94,7 +95,7 @@ impl Allocations {
 }
 
 /// The operating mode: the node annotation when set, else the flag.
-pub async fn operating_mode(
+pub(crate) async fn operating_mode(
     client: Option<&Client>,
     node: &str,
     flag: OperatingMode,
@@ -136,7 +137,7 @@ fn holds_devices(pod: &Pod) -> bool {
 
 /// Whether a live pod holds an allocation on the GPU whose id is `gpu_id`
 /// (the GPU itself, or one of its partitions `<gpu_id>-<mode><n>`).
-pub fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool {
+pub(crate) fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool {
     let prefix = format!("{gpu_id}-");
     pods.iter()
         .filter(|p| live(p))
@@ -149,7 +150,7 @@ pub fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool {
 
 /// Switches every GPU of the first connected snapshot that offers `target`,
 /// once the view of allocations can be trusted.
-pub async fn switch_idle_gpus(
+pub(crate) async fn switch_idle_gpus(
     bus: Bus,
     mut raw: watch::Receiver<Snapshot>,
     sources: Sources,

@@ -20,14 +20,14 @@ use std::collections::BTreeMap;
 use ipc::types::GpuInfo;
 use serde_json::{Map, Value, json};
 
-use crate::gpud_client::Snapshot;
+use crate::inventory::Snapshot;
 
 /// The node annotation with each physical GPU's facts.
-pub const GPUS_KEY: &str = "hami.io/node-amd-gpus";
+pub(crate) const GPUS_KEY: &str = "hami.io/node-amd-gpus";
 
 /// The annotation value for the whole snapshot: every physical GPU with at
 /// least one fact, from the first of its devices (siblings share them).
-pub fn gpus_annotation(snapshot: &Snapshot) -> String {
+pub(crate) fn gpus_annotation(snapshot: &Snapshot) -> String {
     let mut gpus: BTreeMap<&str, Value> = BTreeMap::new();
     for gpu in &snapshot.gpus {
         let physical = snapshot.physical_bdf(&gpu.bdf);
@@ -102,7 +102,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        partition::{OperatingMode, view},
+        inventory::partition::{OperatingMode, view},
         testutil::{mi300x, partition},
     };
 

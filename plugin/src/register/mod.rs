@@ -6,6 +6,10 @@
 //! an inventory or health change, or when someone else changed an annotation
 //! (checked again on a slow interval). On shutdown every device is
 //! republished unhealthy.
+//!
+//! * [`entries`]: the register annotation's value, one HAMi DeviceInfo per
+//!   device (the codec is [`crate::hami::register`]);
+//! * [`gpus`]: the `hami.io/node-amd-gpus` value, the facts once per GPU.
 
 use std::{future::Future, time::Duration};
 
@@ -18,24 +22,27 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{CALL_TIMEOUT, Caches};
+pub(crate) mod entries;
+pub(crate) mod gpus;
+
+use gpus::GPUS_KEY;
+
 use crate::{
-    gpud_client::Snapshot,
     hami::REGISTER_KEY,
-    node_gpus::{self, GPUS_KEY},
-    node_register,
+    inventory::Snapshot,
+    kube::{CALL_TIMEOUT, Caches},
 };
 
 /// How the registrar runs.
 #[derive(Debug, Clone)]
-pub struct RegisterConfig {
-    pub split_count: u32,
+pub(crate) struct RegisterConfig {
+    pub(crate) split_count: u32,
     /// How often the node's annotation is compared again without a change.
-    pub recheck: Duration,
+    pub(crate) recheck: Duration,
 }
 
 /// Runs until `shutdown`, then publishes every device unhealthy.
-pub async fn run_register(
+pub(crate) async fn run_register(
     client: Client,
     caches: Caches,
     mut snapshots: watch::Receiver<Snapshot>,
@@ -72,14 +79,14 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     if snapshot.gpus.is_empty() {
         return;
     }
-    let wanted = match node_register::annotation(snapshot, split, healthy) {
+    let wanted = match entries::annotation(snapshot, split, healthy) {
         Ok(value) => value,
         Err(err) => {
             warn!("not publishing {REGISTER_KEY}: {err}");
             return;
         }
     };
-    let gpus = node_gpus::gpus_annotation(snapshot);
+    let gpus = gpus::gpus_annotation(snapshot);
     // A failing watch keeps its last node, which may be long out of date
     // (after an API server outage it can take a minute to come back): read
     // the node itself then.
@@ -96,8 +103,8 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     };
     let (current, current_gpus) = (on_node(REGISTER_KEY), on_node(GPUS_KEY));
     if node.is_some()
-        && !node_register::needs_write(&wanted, current.as_deref())
-        && !node_register::needs_write(&gpus, current_gpus.as_deref())
+        && !entries::needs_write(&wanted, current.as_deref())
+        && !entries::needs_write(&gpus, current_gpus.as_deref())
     {
         return;
     }

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::{
-    partition::{self, OperatingMode},
+    inventory::partition::{self, OperatingMode},
     testutil,
 };
 

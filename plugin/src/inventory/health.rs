@@ -14,43 +14,40 @@ use ipc::types::GpuInfo;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::{
-    devices::gpu_id,
-    gpud_client::Snapshot,
-    kube::{Caches, Events, Regarding},
-};
+use super::{Snapshot, gpu_id};
+use crate::kube::{Caches, Events, Regarding};
 
 /// The Event reasons.
-pub const UNHEALTHY: &str = "AMDGPUUnhealthy";
-pub const RECOVERED: &str = "AMDGPURecovered";
-pub const MISSING: &str = "AMDGPUMissing";
+pub(crate) const UNHEALTHY: &str = "AMDGPUUnhealthy";
+pub(crate) const RECOVERED: &str = "AMDGPURecovered";
+pub(crate) const MISSING: &str = "AMDGPUMissing";
 
 /// One transition of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Transition {
+pub(crate) struct Transition {
     /// [`UNHEALTHY`], [`RECOVERED`] or [`MISSING`].
-    pub reason: &'static str,
-    pub gpu: String,
-    pub bdf: String,
+    pub(crate) reason: &'static str,
+    pub(crate) gpu: String,
+    pub(crate) bdf: String,
     /// The Event's note.
-    pub note: String,
+    pub(crate) note: String,
 }
 
 impl Transition {
     /// Whether the Event is a Warning (else Normal).
-    pub fn warning(&self) -> bool {
+    pub(crate) fn warning(&self) -> bool {
         self.reason != RECOVERED
     }
 }
 
 /// GPU id and health by PCI address, as last reported.
-pub type Known = BTreeMap<String, (String, String)>;
+pub(crate) type Known = BTreeMap<String, (String, String)>;
 
 /// The transitions from `known` to `gpus`, and `known` updated. A GPU that
 /// is no longer listed at all is reported missing, once (the followed
 /// snapshot keeps the GPUs a restarted amd-gpud forgot, see
-/// `gpud_client::keep_vanished`; this covers one replaced at its PCI address).
-pub fn transitions(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
+/// `gpud::client::keep_vanished`; this covers one replaced at its PCI address).
+pub(crate) fn transitions(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
     let mut out = vanished(known, gpus);
     for gpu in gpus {
         let (id, bdf) = (gpu_id(gpu), gpu.bdf.clone());
@@ -103,7 +100,7 @@ fn vanished(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
 
 /// Follows `snapshots` and publishes one Node Event per transition, until
 /// `shutdown`.
-pub async fn follow(
+pub(crate) async fn follow(
     mut snapshots: watch::Receiver<Snapshot>,
     events: Events,
     caches: Caches,

@@ -18,11 +18,12 @@ use std::collections::{BTreeSet, HashMap};
 
 use ipc::types::GpuInfo;
 
-use crate::{devices::gpu_id, gpud_client::Snapshot, hami::ContainerDevice};
+use super::{Snapshot, gpu_id};
+use crate::hami::ContainerDevice;
 
 /// Why an ID names no single device.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unresolved {
+pub(crate) enum Unresolved {
     #[error("device {id:?} is not on this node")]
     Unknown { id: String },
     #[error(
@@ -35,7 +36,7 @@ pub enum Unresolved {
 
 /// Alias -> the current IDs it can name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Aliases {
+pub(crate) struct Aliases {
     current: BTreeSet<String>,
     others: HashMap<String, BTreeSet<String>>,
 }
@@ -43,7 +44,7 @@ pub struct Aliases {
 impl Aliases {
     /// The aliases of every device of `snapshot` (the view kubelet and
     /// HAMi see: partitions replace their GPU in partition mode).
-    pub fn of(snapshot: &Snapshot) -> Self {
+    pub(crate) fn of(snapshot: &Snapshot) -> Self {
         let mut aliases = Self::default();
         for device in &snapshot.gpus {
             let id = gpu_id(device);
@@ -60,7 +61,7 @@ impl Aliases {
     ///
     /// # Errors
     /// When it names no device or several.
-    pub fn resolve(&self, id: &str) -> Result<String, Unresolved> {
+    pub(crate) fn resolve(&self, id: &str) -> Result<String, Unresolved> {
         if self.current.contains(id) {
             return Ok(id.to_owned());
         }
@@ -80,7 +81,7 @@ impl Aliases {
 
     /// `id` resolved, or `id` itself when it names no single device (the
     /// caller then reports it as not on this node).
-    pub fn current_or_same(&self, id: &str) -> String {
+    pub(crate) fn current_or_same(&self, id: &str) -> String {
         self.resolve(id).unwrap_or_else(|_| id.to_owned())
     }
 }
@@ -92,7 +93,10 @@ impl Aliases {
 ///
 /// # Errors
 /// [`Unresolved::Ambiguous`] for a name several devices share.
-pub fn rename_current(aliases: &Aliases, entry: &mut [ContainerDevice]) -> Result<(), Unresolved> {
+pub(crate) fn rename_current(
+    aliases: &Aliases,
+    entry: &mut [ContainerDevice],
+) -> Result<(), Unresolved> {
     for device in entry {
         match aliases.resolve(&device.uuid) {
             Ok(current) => device.uuid = current,
@@ -137,5 +141,4 @@ fn rocr_uuid(unique_id: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-#[path = "device_ids_tests.rs"]
 mod tests;

@@ -1,18 +1,60 @@
-//! From amd-gpud's GPUs to the kubelet devices and allocator topology.
+//! What the node offers: from amd-gpud's GPUs to the kubelet devices and
+//! the topology GetPreferredAllocation ranks.
+//!
+//! * here: the [`Snapshot`] of amd-gpud's inventory as followed, the
+//!   [`DeviceTable`] kubelet's ListAndWatch serves, and the GPU id;
+//! * [`partition`]: the view of the inventory in partition mode;
+//! * [`ids`]: every name a device has been published under;
+//! * [`health`]: Node Events for GPU health transitions.
 //!
 //! Each GPU is offered as `count` devices `<gpu-id>#<slot>`. The GPU id is
 //! stable across restarts and reboots and free of `,` `:` `;` (HAMi's
 //! separators): AMD SMI's UUID when known, else ROCr's UUID, else one derived
 //! from the PCI address.
 
-use std::collections::HashMap;
+pub(crate) mod health;
+pub(crate) mod ids;
+pub(crate) mod partition;
 
-use ipc::types::GpuInfo;
+use std::collections::{BTreeMap, HashMap};
 
-use crate::{
-    allocator::{self, GpuTopology, Link, LinkKind},
-    gpud_client::Snapshot,
-};
+use ipc::types::{GpuInfo, PartitionInfo};
+
+use crate::preferred::{self, GpuTopology, Link, LinkKind};
+
+/// The inventory as last read from amd-gpud.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// GPUs ordered by PCI address, missing ones included (health `Missing`).
+    pub gpus: Vec<GpuInfo>,
+    /// Each GPU's partitions (one when unpartitioned), by the GPU's PCI address.
+    pub partitions: BTreeMap<String, Vec<PartitionInfo>>,
+    /// Whether amd-gpud answered the last time we asked.
+    pub connected: bool,
+    /// amd-gpud's VRAM cap backend: `on`, or `off: <reason>`.
+    pub dmem_backend: String,
+    /// In partition mode, each partition device's key (its own PCI address,
+    /// from KFD) to its physical GPU's; empty otherwise.
+    pub parents: BTreeMap<String, String>,
+}
+
+impl Snapshot {
+    /// The physical GPU's PCI address of device `bdf` (itself unless it is a
+    /// partition device).
+    pub(crate) fn physical_bdf<'a>(&'a self, bdf: &'a str) -> &'a str {
+        self.parents.get(bdf).map_or(bdf, String::as_str)
+    }
+
+    /// Whether device `bdf` is a compute partition allocated whole.
+    pub(crate) fn is_partition(&self, bdf: &str) -> bool {
+        self.parents.contains_key(bdf)
+    }
+
+    /// Whether amd-gpud can cap VRAM.
+    pub(crate) fn dmem_on(&self) -> bool {
+        self.connected && self.dmem_backend == "on"
+    }
+}
 
 /// One kubelet device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +75,7 @@ pub struct DeviceTable {
 /// it under (chosen once and kept across AMD SMI failures and restarts,
 /// gpud/src/published_ids.rs); from an amd-gpud too old to say, the AMD SMI
 /// UUID, the ROCr UUID or the PCI address, whichever is there.
-pub fn gpu_id(gpu: &GpuInfo) -> String {
+pub(crate) fn gpu_id(gpu: &GpuInfo) -> String {
     let clean = |s: &str| !s.is_empty() && !s.contains([',', ':', ';', '#']);
     if clean(&gpu.published_id) {
         gpu.published_id.clone()
@@ -47,7 +89,7 @@ pub fn gpu_id(gpu: &GpuInfo) -> String {
 }
 
 /// Devices per GPU when `--split-count 0`: 2 on gfx12 and later, else 10.
-pub fn default_split(gfx: &str) -> u32 {
+pub(crate) fn default_split(gfx: &str) -> u32 {
     let digits = gfx.strip_prefix("gfx").unwrap_or_default();
     // The last two characters are minor and stepping; the rest is the major.
     let major = digits
@@ -61,7 +103,7 @@ pub fn default_split(gfx: &str) -> u32 {
 /// (0: the per-GPU default), but never more than the GPU's allocation units
 /// (CUs, or WGPs on gfx10+). A slot that can get no CU of its own cannot
 /// be served: a 2-CU gfx10 iGPU has one WGP, so it offers one slot, not 10.
-pub fn slots_of(gpu: &GpuInfo, split_count: u32) -> u32 {
+pub(crate) fn slots_of(gpu: &GpuInfo, split_count: u32) -> u32 {
     let wanted = if split_count == 0 {
         default_split(&gpu.gfx)
     } else {
@@ -90,7 +132,7 @@ impl DeviceTable {
             let numa = (gpu.numa_node >= 0).then_some(i64::from(gpu.numa_node));
             let healthy = gpu.health == ipc::HEALTHY;
             table.slots.extend((0..count).map(|slot| Slot {
-                id: allocator::slot_id(&id, slot),
+                id: preferred::slot_id(&id, slot),
                 healthy,
                 numa,
             }));

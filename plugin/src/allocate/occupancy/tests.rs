@@ -160,10 +160,10 @@ fn records_in_the_go_plugins_format_count_on_the_gpu_they_name() {
     let mut gpu = crate::testutil::mi300x("0000:05:00.0", "GPU-8ecb9de71e8aa497");
     gpu.published_id = "GPU-8ecb9de71e8aa497".into();
     gpu.amdsmi_uuid = GO_ID.into();
-    let snapshot = crate::gpud_client::Snapshot {
+    let snapshot = crate::inventory::Snapshot {
         gpus: vec![gpu],
         connected: true,
-        ..crate::gpud_client::Snapshot::default()
+        ..crate::inventory::Snapshot::default()
     };
     let totals = Totals {
         cus: [("GPU-8ecb9de71e8aa497".to_owned(), 304)]
@@ -204,14 +204,14 @@ fn a_record_under_an_ambiguous_name_is_refused_with_the_candidates() {
         p.compute_partition = "CPX".into();
         parts.push(p);
     }
-    let snapshot = crate::gpud_client::Snapshot {
+    let snapshot = crate::inventory::Snapshot {
         parents: parts
             .iter()
             .map(|p| (p.bdf.clone(), "0000:05:00.0".to_owned()))
             .collect(),
         gpus: parts,
         connected: true,
-        ..crate::gpud_client::Snapshot::default()
+        ..crate::inventory::Snapshot::default()
     };
     let totals = Totals {
         cus: [("X-cpx0".to_owned(), 38), ("X-cpx1".to_owned(), 38)]

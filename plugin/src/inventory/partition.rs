@@ -17,14 +17,14 @@ use std::str::FromStr;
 use ipc::types::GpuInfo;
 use tokio::sync::watch;
 
-use crate::{devices::gpu_id, gpud_client::Snapshot};
+use super::{Snapshot, gpu_id};
 
 /// The node annotation that chooses the operating mode (it wins over the flag).
-pub const MODE_ANNOTATION: &str = "hami.io/amd-operating-mode";
+pub(crate) const MODE_ANNOTATION: &str = "hami.io/amd-operating-mode";
 
 /// How the node's GPUs are offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OperatingMode {
+pub(crate) enum OperatingMode {
     /// Whole GPUs shared by CU masks (the default).
     #[default]
     Cu,
@@ -46,7 +46,7 @@ impl FromStr for OperatingMode {
 
 /// The mode from the node annotation when it is set and valid, else `flag`.
 /// An unknown annotation value is logged and `cu` is used.
-pub fn resolve(annotation: Option<&str>, flag: OperatingMode) -> OperatingMode {
+pub(crate) fn resolve(annotation: Option<&str>, flag: OperatingMode) -> OperatingMode {
     match annotation.map(str::parse::<OperatingMode>) {
         None => flag,
         Some(Ok(mode)) => mode,
@@ -58,12 +58,12 @@ pub fn resolve(annotation: Option<&str>, flag: OperatingMode) -> OperatingMode {
 }
 
 /// The id of partition `index` of `gpu` in `mode` (`CPX` ...).
-pub fn partition_id(gpu: &GpuInfo, mode: &str, index: u32) -> String {
+pub(crate) fn partition_id(gpu: &GpuInfo, mode: &str, index: u32) -> String {
     format!("{}-{}{index}", gpu_id(gpu), mode.to_ascii_lowercase())
 }
 
 /// `snapshot` as the scheduler sees it in `mode`.
-pub fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
+pub(crate) fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
     if mode == OperatingMode::Cu {
         return snapshot.clone();
     }
@@ -139,7 +139,7 @@ fn partitions_of_mode(gpu: &GpuInfo, listed: usize) -> u32 {
 
 /// Follows `raw` snapshots and the operating `mode`, publishing the view
 /// of the one in the other; a closed `mode` channel leaves the last mode.
-pub fn follow(
+pub(crate) fn follow(
     mut raw: watch::Receiver<Snapshot>,
     mut mode: watch::Receiver<OperatingMode>,
 ) -> watch::Receiver<Snapshot> {
@@ -171,5 +171,4 @@ pub fn follow(
 }
 
 #[cfg(test)]
-#[path = "partition_tests.rs"]
 mod tests;

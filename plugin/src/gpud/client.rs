@@ -20,80 +20,26 @@ use ipc::{
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::{
-    devices::gpu_id,
-    gpud_reach::{Reach, Unreachable},
-};
 use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
 
-/// Where amd-gpud is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bus {
-    System,
-    Address(String),
-}
-
-/// The inventory as last read from amd-gpud.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Snapshot {
-    /// GPUs ordered by PCI address, missing ones included (health `Missing`).
-    pub gpus: Vec<GpuInfo>,
-    /// Each GPU's partitions (one when unpartitioned), by the GPU's PCI address.
-    pub partitions: BTreeMap<String, Vec<PartitionInfo>>,
-    /// Whether amd-gpud answered the last time we asked.
-    pub connected: bool,
-    /// amd-gpud's VRAM cap backend: `on`, or `off: <reason>`.
-    pub dmem_backend: String,
-    /// In partition mode, each partition device's key (its own PCI address,
-    /// from KFD) to its physical GPU's; empty otherwise.
-    pub parents: BTreeMap<String, String>,
-}
-
-impl Snapshot {
-    /// The physical GPU's PCI address of device `bdf` (itself unless it is a
-    /// partition device).
-    pub fn physical_bdf<'a>(&'a self, bdf: &'a str) -> &'a str {
-        self.parents.get(bdf).map_or(bdf, String::as_str)
-    }
-
-    /// Whether device `bdf` is a compute partition allocated whole.
-    pub fn is_partition(&self, bdf: &str) -> bool {
-        self.parents.contains_key(bdf)
-    }
-
-    /// Whether amd-gpud can cap VRAM.
-    pub fn dmem_on(&self) -> bool {
-        self.connected && self.dmem_backend == "on"
-    }
-}
+use super::{
+    bus::{Bus, SessionError, connect},
+    reach::{Reach, Unreachable},
+};
+use crate::inventory::{Snapshot, gpu_id};
 
 /// How long one whole read of the inventory may take. amd-gpud serves it
 /// from memory (milliseconds for 64 partitions); a read that takes longer
 /// means amd-gpud is hung, and without a bound the session would wait for
 /// it forever, the snapshot still marked connected.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a session with amd-gpud ended.
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error("cannot connect to the bus: {0}")]
-    Connect(#[source] zbus::Error),
-    #[error("D-Bus error: {0}")]
-    Bus(#[from] zbus::Error),
-    #[error("amd-gpud answered badly: {0}")]
-    Api(#[from] ipc::ApiError),
-    #[error("lost the connection to the bus")]
-    BusLost,
-    #[error("amd-gpud did not answer within {0:?}")]
-    Timeout(Duration),
-}
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What [`spawn`] follows: the latest inventory, and how the last attempt
-/// to reach amd-gpud went (for [`crate::gpud_reach::report`]).
+/// to reach amd-gpud went (for [`crate::gpud::reach::report`]).
 #[derive(Debug, Clone)]
-pub struct Followed {
-    pub snapshots: watch::Receiver<Snapshot>,
-    pub reach: watch::Receiver<Reach>,
+pub(crate) struct Followed {
+    pub(crate) snapshots: watch::Receiver<Snapshot>,
+    pub(crate) reach: watch::Receiver<Reach>,
 }
 
 /// The sending side of [`Followed`].
@@ -141,7 +87,7 @@ fn kind(reach: &Reach) -> Option<&'static str> {
 /// and reach. Besides the signals, the whole inventory (health included) is
 /// read again every `pulse`, so that a missed signal costs at most one pulse;
 /// a zero pulse reads on signals only.
-pub fn spawn(bus: Bus, pulse: Duration) -> Followed {
+pub(crate) fn spawn(bus: Bus, pulse: Duration) -> Followed {
     let (snapshots, snapshots_rx) = watch::channel(Snapshot::default());
     let (reach, reach_rx) = watch::channel(Reach::default());
     let uid = rustix::process::getuid().as_raw();
@@ -178,23 +124,6 @@ async fn follow(bus: Bus, feeds: Feeds, pulse: Duration) {
             return;
         }
     }
-}
-
-/// A connection to the bus amd-gpud is on.
-///
-/// # Errors
-/// When the bus cannot be reached.
-pub async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
-    let built = match bus {
-        Bus::System => Connection::system().await,
-        Bus::Address(address) => {
-            zbus::connection::Builder::address(address.as_str())
-                .map_err(SessionError::Connect)?
-                .build()
-                .await
-        }
-    };
-    built.map_err(SessionError::Connect)
 }
 
 /// One connection's life: ends `Ok` when amd-gpud's owner changes (read
@@ -326,7 +255,7 @@ async fn read_within(
 }
 
 /// Why a GPU kept by [`keep_vanished`] is missing.
-pub const VANISHED_REASON: &str = "amd-gpud no longer lists it (it restarted after the GPU went away); kept as missing until the plugin restarts";
+pub(crate) const VANISHED_REASON: &str = "amd-gpud no longer lists it (it restarted after the GPU went away); kept as missing until the plugin restarts";
 
 /// Carries the GPUs of `previous` that `fresh` no longer lists into `fresh`,
 /// missing with their partitions. amd-gpud keeps a GPU that goes away as
@@ -380,49 +309,6 @@ async fn read_all(conn: &Connection, node: &NodeProxy<'_>) -> Result<Inventory, 
         gpus.push(gpu);
     }
     Ok((gpus, partitions))
-}
-
-/// amd-gpud's `SetPodVramLimits`, over a fresh connection per call (a
-/// container start is rare, and amd-gpud may have restarted in between).
-#[derive(Debug, Clone)]
-pub struct GpudCaps {
-    pub bus: Bus,
-    pub snapshots: watch::Receiver<Snapshot>,
-}
-
-impl crate::vram::CapSink for GpudCaps {
-    fn backend_on(&self) -> bool {
-        self.snapshots.borrow().dmem_on()
-    }
-
-    fn set(
-        &self,
-        uid: String,
-        limits: BTreeMap<String, u64>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
-        let bus = self.bus.clone();
-        Box::pin(async move {
-            let call = async {
-                let conn = connect(&bus).await.map_err(|e| e.to_string())?;
-                let node = NodeProxy::builder(&conn)
-                    .cache_properties(CacheProperties::No)
-                    .build()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let limits: std::collections::HashMap<&str, u64> =
-                    limits.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-                let cgroup = node
-                    .set_pod_vram_limits(&uid, limits)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                debug!(cgroup, "dmem.max written");
-                Ok(())
-            };
-            tokio::time::timeout(Duration::from_secs(10), call)
-                .await
-                .map_err(|_| "amd-gpud did not answer SetPodVramLimits within 10 s".to_owned())?
-        })
-    }
 }
 
 #[cfg(test)]

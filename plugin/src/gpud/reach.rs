@@ -2,8 +2,8 @@
 //!
 //! Without amd-gpud the plugin stays unready (`/readyz` needs a connected
 //! inventory) and lists no device; that alone tells an operator nothing.
-//! [`gpud_client`](crate::gpud_client) classifies every failed session or read
-//! into an [`Unreachable`], and [`report`] turns a cause that lasts past a
+//! The inventory's follower (`gpud/client.rs`) classifies every failed
+//! session or read into an [`Unreachable`], and [`report`] turns a cause that lasts past a
 //! grace period (amd-gpud may simply start after the plugin) into one error
 //! in the pod's log and one Warning Event on the Node, each naming the
 //! command that fixes it; a cause that changes is said again, and a
@@ -14,14 +14,12 @@ use std::{fmt, future::Future, time::Duration};
 use tokio::{sync::watch, time::Instant};
 use tracing::{error, info};
 
-use crate::{
-    gpud_client::SessionError,
-    kube::{Caches, Events, Regarding},
-};
+use super::bus::SessionError;
+use crate::kube::{Caches, Events, Regarding};
 
 /// The Event reasons.
-pub const UNREACHABLE: &str = "AMDGPUDaemonUnreachable";
-pub const REACHABLE: &str = "AMDGPUDaemonReachable";
+pub(crate) const UNREACHABLE: &str = "AMDGPUDaemonUnreachable";
+pub(crate) const REACHABLE: &str = "AMDGPUDaemonReachable";
 
 /// The bus driver's error names that say who is (not) there.
 const ACCESS_DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
@@ -30,7 +28,7 @@ const NAME_HAS_NO_OWNER: &str = "org.freedesktop.DBus.Error.NameHasNoOwner";
 
 /// How the last attempt to reach amd-gpud went.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Reach {
+pub(crate) enum Reach {
     /// Not tried yet.
     #[default]
     Unknown,
@@ -40,7 +38,7 @@ pub enum Reach {
 
 /// Why amd-gpud cannot be reached, each cause with its own fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unreachable {
+pub(crate) enum Unreachable {
     /// The bus itself cannot be reached (socket not mounted, dbus down).
     NoBus { error: String },
     /// Nobody owns `io.hami.AmdGpu1`: amd-gpud is not installed or not running.
@@ -58,7 +56,7 @@ pub enum Unreachable {
 
 impl Unreachable {
     /// Classifies a failed session or read, for a process running as `uid`.
-    pub fn classify(err: &SessionError, uid: u32) -> Self {
+    pub(crate) fn classify(err: &SessionError, uid: u32) -> Self {
         let error = err.to_string();
         match err {
             SessionError::Connect(e) if handshake_refused(e) => Self::UnknownUid { uid, error },
@@ -77,7 +75,7 @@ impl Unreachable {
     }
 
     /// The cause without its details: a new kind is reported again.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::NoBus { .. } => "no-bus",
             Self::NotOnBus => "not-running",
@@ -165,9 +163,9 @@ impl fmt::Display for Unreachable {
 /// Where [`report`] sends its Events; `None` without the Kubernetes API
 /// (the log line is still written).
 #[derive(Clone)]
-pub struct NodeEvents {
-    pub events: Events,
-    pub caches: Caches,
+pub(crate) struct NodeEvents {
+    pub(crate) events: Events,
+    pub(crate) caches: Caches,
 }
 
 impl NodeEvents {
@@ -178,7 +176,7 @@ impl NodeEvents {
 
 /// What [`report`] says next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Said {
+pub(crate) enum Said {
     Unreachable(Unreachable),
     Reachable,
 }
@@ -186,14 +184,14 @@ pub enum Said {
 /// The memory behind "once": when the current outage began and which
 /// causes were said during it.
 #[derive(Debug, Default)]
-pub struct Teller {
+pub(crate) struct Teller {
     since: Option<Instant>,
     said: Vec<&'static str>,
 }
 
 impl Teller {
     /// What to say on seeing `now` at `at`, if anything.
-    pub fn step(&mut self, now: &Reach, at: Instant, grace: Duration) -> Option<Said> {
+    pub(crate) fn step(&mut self, now: &Reach, at: Instant, grace: Duration) -> Option<Said> {
         match now {
             Reach::Unreachable(cause) => {
                 let first = *self.since.get_or_insert(at);
@@ -224,7 +222,7 @@ impl Teller {
 /// Follows `reach` until `shutdown`: a cause that lasts `grace` is said once
 /// (log and Warning Event), each other cause of the same outage once too,
 /// the recovery once.
-pub async fn report(
+pub(crate) async fn report(
     mut reach: watch::Receiver<Reach>,
     sink: Option<NodeEvents>,
     grace: Duration,
@@ -274,5 +272,4 @@ fn say_reachable(sink: Option<&NodeEvents>) {
 }
 
 #[cfg(test)]
-#[path = "gpud_reach_tests.rs"]
 mod tests;

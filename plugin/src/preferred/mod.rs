@@ -1,5 +1,7 @@
 //! kubelet `GetPreferredAllocation` for `amd.com/gpu`: which device IDs a
 //! container should get. Pure and transport-free: no kubelet, no D-Bus.
+//! An [`AllocationHint`] (HAMi's choice, `allocate/hint.rs`) is asked first;
+//! the topology policies here answer otherwise.
 //!
 //! Every physical GPU (or partition) is offered to kubelet as `count` devices
 //! named `<gpu-id>#<slot>` ([`slot_id`]). The resource counts GPUs, so a
@@ -56,10 +58,23 @@ mod proptests;
 #[cfg(test)]
 mod tests;
 
-use std::{fmt, str::FromStr};
+use std::{fmt, future::Future, pin::Pin, str::FromStr};
 
 use distance::Distances;
 use pool::{Answer, Pool};
+
+/// A source of preferred devices that knows more than the topology: HAMi's
+/// decision for the pod being admitted. Consulted first by
+/// GetPreferredAllocation; `None` falls back to the allocator policy.
+pub(crate) trait AllocationHint: Send + Sync + std::fmt::Debug {
+    /// Preferred device ids for one container request, if this source knows.
+    fn preferred<'a>(
+        &'a self,
+        available: &'a [String],
+        must_include: &'a [String],
+        size: usize,
+    ) -> Pin<Box<dyn Future<Output = Option<Vec<String>>> + Send + 'a>>;
+}
 
 /// How [`preferred`] chooses GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -74,7 +89,7 @@ pub enum Policy {
 impl Policy {
     /// The canonical name, accepted back by [`FromStr`].
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::BestEffort => "besteffort",
             Self::Spread => "spread",

@@ -2,7 +2,7 @@
 //! DeviceInfo per GPU, derived from amd-gpud's inventory and the slot count
 //! offered to kubelet, so that HAMi and kubelet see the same devices. Facts a
 //! GPU's devices share (the profile menu, the CRIU properties) are published
-//! once per GPU in `hami.io/node-amd-gpus` ([`crate::node_gpus`]).
+//! once per GPU in `hami.io/node-amd-gpus` ([`super::gpus`]).
 //!
 //! Writing is idempotent: the plugin patches the node only when the value it
 //! wants differs from what the node carries (watch-fed), and on a graceful
@@ -11,20 +11,20 @@
 use ipc::types::GpuInfo;
 
 use crate::{
-    devices::{gpu_id, slots_of},
-    gpud_client::Snapshot,
     hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
+    inventory::Snapshot,
+    inventory::{gpu_id, slots_of},
 };
 
 const MIB: u64 = 1024 * 1024;
 
 /// `custominfo.gpuBDF`: a partition device's physical GPU, the key of its
 /// entry in `hami.io/node-amd-gpus`.
-pub const GPU_BDF: &str = "gpuBDF";
+pub(crate) const GPU_BDF: &str = "gpuBDF";
 
 /// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
 /// graceful stop).
-pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
+pub(crate) fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
     let count = slots_of(gpu, split_count);
     let mut info = DeviceInfo {
         id: gpu_id(gpu),
@@ -43,7 +43,7 @@ pub fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo
 
 /// `custominfo.partitionProfile`: the current profile (e.g. `cpx_nps1`), as
 /// newer upstream's Go plugin sends it, for GPUs with compute partitions. The
-/// menu of profiles is a fact of the physical GPU, in [`crate::node_gpus`].
+/// menu of profiles is a fact of the physical GPU, in [`super::gpus`].
 fn add_current_profile(info: &mut DeviceInfo, gpu: &GpuInfo) {
     if gpu.partition_profiles.is_empty()
         || gpu.compute_partition.is_empty()
@@ -76,7 +76,7 @@ pub(crate) fn product_name(gpu: &GpuInfo) -> String {
 /// # Errors
 /// When a device would break HAMi's parser (the error names it), or the
 /// snapshot holds no GPU (HAMi ignores an empty list and keeps stale devices).
-pub fn annotation(
+pub(crate) fn annotation(
     snapshot: &Snapshot,
     split_count: u32,
     healthy: bool,
@@ -137,7 +137,7 @@ fn add_rocr_selection(info: &mut DeviceInfo, gpu: &GpuInfo) {
 
 /// Whether the node must be patched: only when the wanted value differs from
 /// what the node carries now.
-pub fn needs_write(wanted: &str, on_node: Option<&str>) -> bool {
+pub(crate) fn needs_write(wanted: &str, on_node: Option<&str>) -> bool {
     on_node != Some(wanted)
 }
 
@@ -262,7 +262,10 @@ mod tests {
             connected: true,
             ..Snapshot::default()
         };
-        let snapshot = crate::partition::view(&raw, crate::partition::OperatingMode::Partition);
+        let snapshot = crate::inventory::partition::view(
+            &raw,
+            crate::inventory::partition::OperatingMode::Partition,
+        );
         let value: Vec<serde_json::Value> =
             serde_json::from_str(&annotation(&snapshot, 0, true).unwrap()).unwrap();
         assert_eq!(value.len(), 8);

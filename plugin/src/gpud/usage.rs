@@ -11,20 +11,20 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 use zbus::proxy::CacheProperties;
 
-use crate::gpud_client::{Bus, SessionError, connect};
+use super::bus::{Bus, SessionError, connect};
 
 /// Between two calls. amd-gpud reads the host at most once per 2 s anyway.
-pub const EVERY: Duration = Duration::from_secs(5);
+pub(crate) const EVERY: Duration = Duration::from_secs(5);
 /// Longest wait for one answer (amd-gpud bounds its read at 3 s).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most entries kept from each list of an answer.
-pub const MAX_ENTRIES: usize = 16384;
+pub(crate) const MAX_ENTRIES: usize = 16384;
 
 /// The last answer; `None` before the first and after a failed call.
-pub type UsageFeed = watch::Receiver<Option<Arc<Usage>>>;
+pub(crate) type UsageFeed = watch::Receiver<Option<Arc<Usage>>>;
 
 /// Starts the task; it ends when every receiver is dropped.
-pub fn spawn(bus: Bus, every: Duration) -> UsageFeed {
+pub(crate) fn spawn(bus: Bus, every: Duration) -> UsageFeed {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let mut conn = None;

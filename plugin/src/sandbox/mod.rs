@@ -32,7 +32,7 @@ const ABI_WANTED: ABI = ABI::V5;
 /// credentials (the token is re-read as it rotates), CA bundles (and where
 /// their symlinks point), name resolution, D-Bus's machine id. Paths inside
 /// the plugin's own container, not the host's.
-pub const SYSTEM_READS: [&str; 11] = [
+pub(crate) const SYSTEM_READS: [&str; 11] = [
     "/var/run/secrets/kubernetes.io/serviceaccount",
     "/etc/ssl",
     "/etc/ca-certificates",
@@ -48,7 +48,7 @@ pub const SYSTEM_READS: [&str; 11] = [
 
 /// `--sandbox`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SandboxMode {
+pub(crate) enum SandboxMode {
     Off,
     BestEffort,
     Required,
@@ -83,7 +83,7 @@ pub enum Enforcement {
 
 impl Enforcement {
     /// For logs and the metrics label.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Off => "off",
             Self::NotEnforced => "not_enforced",
@@ -96,26 +96,26 @@ impl Enforcement {
 static STATUS: OnceLock<Enforcement> = OnceLock::new();
 
 /// The sandbox status of this process (`Off` before [`apply`]).
-pub fn status() -> Enforcement {
+pub(crate) fn status() -> Enforcement {
     STATUS.get().copied().unwrap_or(Enforcement::Off)
 }
 
 /// What the plugin may touch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Read-only, beneath each (missing ones are skipped).
-    pub read: Vec<PathBuf>,
+    pub(crate) read: Vec<PathBuf>,
     /// Read-write beneath each.
-    pub write: Vec<PathBuf>,
+    pub(crate) write: Vec<PathBuf>,
     /// TCP ports it may connect to.
-    pub connect: Vec<u16>,
+    pub(crate) connect: Vec<u16>,
     /// TCP ports it may bind.
-    pub bind: Vec<u16>,
+    pub(crate) bind: Vec<u16>,
 }
 
 /// Why the sandbox could not be applied as asked.
 #[derive(Debug, thiserror::Error)]
-pub enum SandboxError {
+pub(crate) enum SandboxError {
     #[error("landlock refused the sandbox: {0}")]
     Landlock(#[from] landlock::RulesetError),
     #[error("--sandbox required, but the sandbox is only {0} on this kernel")]
@@ -145,7 +145,7 @@ pub fn probe() -> Enforcement {
 /// # Errors
 /// Landlock refused a rule, or `mode` is `Required` and the kernel enforces
 /// less than everything asked.
-pub fn apply(plan: &Plan, mode: SandboxMode) -> Result<Enforcement, SandboxError> {
+pub(crate) fn apply(plan: &Plan, mode: SandboxMode) -> Result<Enforcement, SandboxError> {
     if mode == SandboxMode::Off {
         let _ = STATUS.set(Enforcement::Off);
         warn!("--sandbox off: the plugin runs without its landlock sandbox");

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use crate::{
-    gpud_client::Snapshot,
+    inventory::Snapshot,
     metrics::{Metrics, hami::Inputs},
     testutil::{mi300x, partition},
 };
@@ -199,7 +199,7 @@ fn the_series_list_is_in_sync() {
         "run with UPDATE_SERIES=1 to update {}",
         path.display()
     );
-    for name in super::hami::SERIES {
+    for name in super::SERIES {
         assert!(
             listed.contains(&format!("{name} ")),
             "{name} is not exported"

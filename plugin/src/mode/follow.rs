@@ -16,20 +16,20 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    partition::{self, MODE_ANNOTATION, OperatingMode},
-    switcher::{self, Sources},
+    inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
+    mode::switch::{self, Sources},
 };
 
 /// The Event reasons.
-pub const CHANGED: &str = "OperatingModeChanged";
-pub const DEFERRED: &str = "OperatingModeDeferred";
+pub(crate) const CHANGED: &str = "OperatingModeChanged";
+pub(crate) const DEFERRED: &str = "OperatingModeDeferred";
 
 /// How often the annotation and the allocations are looked at.
 const CHECK: Duration = Duration::from_secs(2);
 
 /// Follows the node annotation until `shutdown`, sending each mode change
 /// on `mode` once no allocation is live. Needs the watch caches.
-pub async fn follow(
+pub(crate) async fn follow(
     sources: Sources,
     flag: OperatingMode,
     mode: watch::Sender<OperatingMode>,
@@ -86,12 +86,12 @@ pub async fn follow(
 
 /// Why the mode cannot change now, if anything stops it.
 async fn blocker(sources: &Sources) -> Option<String> {
-    match switcher::allocations(sources).await {
+    match switch::allocations(sources).await {
         Err(why) => Some(format!("the allocations cannot be told yet ({why})")),
         Ok(held) => held.holders().map(|who| format!("held by {who}")),
     }
 }
 
 fn event(sources: &Sources, warning: bool, reason: &str, note: String) {
-    switcher::node_event(sources, warning, (reason, "OperatingMode"), note);
+    switch::node_event(sources, warning, (reason, "OperatingMode"), note);
 }

@@ -1,4 +1,4 @@
-//! The per-pod half of [`super::hami`]: each live pod's grants joined with
+//! The per-pod half of [`super`]: each live pod's grants joined with
 //! the VRAM its containers' processes hold.
 
 use std::collections::{BTreeSet, HashMap};
@@ -7,13 +7,13 @@ use ipc::usage::Usage;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::hami::{ChargedLabels, ContainerLabels, HamiMetrics, MaskLabels};
+use super::{ChargedLabels, ContainerLabels, HamiMetrics, MaskLabels};
 use crate::{
-    devices::gpu_id,
-    gpud_client::Snapshot,
     hami::{
         ALLOCATED_KEY, CU_ALLOCATED_KEY, DevicesAnnotation, parse_cu_allocated, parse_pod_devices,
     },
+    inventory::Snapshot,
+    inventory::gpu_id,
 };
 
 const MIB: u64 = 1024 * 1024;
