@@ -15,14 +15,7 @@
 //! Run: `cargo bench -p tests --bench usage`. Prints a Markdown table for
 //! docs/benchmarks.md.
 
-use std::{
-    collections::BTreeMap,
-    fs,
-    io::Read,
-    path::PathBuf,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::BTreeMap, fs, io::Read, path::PathBuf, sync::Arc, time::Instant};
 
 use gpud::{
     HostPaths,
@@ -39,10 +32,7 @@ use tests::fixture::{self, BuildOptions};
 
 #[path = "shared/usage_node.rs"]
 mod usage_node;
-use usage_node::{PODS, cid, gpu_ids, populate, uid};
-
-const ROUNDS: usize = 41;
-const WARMUP: usize = 3;
+use usage_node::{PODS, ROUNDS, Samples, WARMUP, cid, gpu_ids, populate, uid};
 
 fn read_each(files: &[PathBuf], buf: &mut Vec<u8>) -> std::io::Result<()> {
     for file in files {
@@ -142,42 +132,6 @@ fn pods(snapshot: &Snapshot, ids: &[u64]) -> anyhow::Result<Vec<Arc<Pod>>> {
         .collect()
 }
 
-struct Timed {
-    floor: Vec<Duration>,
-    work: Vec<Duration>,
-}
-
-impl Timed {
-    fn new() -> Self {
-        Self {
-            floor: Vec::new(),
-            work: Vec::new(),
-        }
-    }
-
-    fn row(mut self, what: (&str, &str)) {
-        self.floor.sort_unstable();
-        self.work.sort_unstable();
-        let (f, w) = (self.floor[ROUNDS / 2], self.work[ROUNDS / 2]);
-        let p90 = |v: &[Duration]| v[v.len() * 9 / 10];
-        println!(
-            "| floor: {} | {} | {} |",
-            what.0,
-            ms(f),
-            ms(p90(&self.floor))
-        );
-        println!("| {} | {} | {} |", what.1, ms(w), ms(p90(&self.work)));
-        println!(
-            "| ratio of medians | {:.2} | |",
-            w.as_secs_f64() / f.as_secs_f64()
-        );
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
-}
-
 fn main() -> anyhow::Result<()> {
     let root = fixture::scratch_dir()?;
     let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
@@ -196,7 +150,7 @@ fn main() -> anyhow::Result<()> {
         gpus: bdfs.clone(),
         gpu_ids: ids.clone(),
     };
-    let mut gpud = Timed::new();
+    let mut gpud = Samples::new();
     let mut buf = Vec::new();
     let mut reading = usage::read(&paths, &layouts, &targets);
     for round in 0..ROUNDS + WARMUP {
@@ -206,10 +160,7 @@ fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         reading = usage::read(&paths, &layouts, &targets);
         let work = t.elapsed();
-        if round >= WARMUP {
-            gpud.floor.push(floor);
-            gpud.work.push(work);
-        }
+        gpud.push(round, floor, work);
     }
     anyhow::ensure!(reading.usage.containers.len() == PODS && reading.outside == 0);
     let snapshot = snapshot(&bdfs, &ids);
@@ -224,14 +175,14 @@ fn main() -> anyhow::Result<()> {
         files.len()
     );
     println!("|---|---|---|");
-    gpud.row((
+    gpud.row(
         "open + read each file once",
         "amd-gpud `usage::read` (walk, read, attribute, sum)",
-    ));
-    plugin.row((
+    );
+    plugin.row(
         "encode `/metrics` alone",
         "the plugin's scrape: join 110 pods' grants with the usage, set every series, encode",
-    ));
+    );
     println!("| `/metrics` size | {} KiB | |", text.len() / 1024);
     Ok(())
 }
@@ -242,10 +193,10 @@ fn time_plugin(
     snapshot: &Snapshot,
     ids: &[u64],
     usage: &ipc::usage::Usage,
-) -> anyhow::Result<(Timed, String)> {
+) -> anyhow::Result<(Samples, String)> {
     let pods = pods(snapshot, ids)?;
     let metrics = Metrics::new();
-    let mut plugin = Timed::new();
+    let mut plugin = Samples::new();
     let mut text = String::new();
     for round in 0..ROUNDS + WARMUP {
         let t = Instant::now();
@@ -262,10 +213,7 @@ fn time_plugin(
         let again = metrics.encode()?;
         let floor = t.elapsed();
         anyhow::ensure!(again.len() == text.len());
-        if round >= WARMUP {
-            plugin.floor.push(floor);
-            plugin.work.push(work);
-        }
+        plugin.push(round, floor, work);
     }
     Ok((plugin, text))
 }

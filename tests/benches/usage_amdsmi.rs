@@ -37,10 +37,8 @@ use tests::fixture::{self, BuildOptions};
 
 #[path = "shared/usage_node.rs"]
 mod usage_node;
-use usage_node::{PODS, gpu_ids, populate};
+use usage_node::{PODS, ROUNDS, Samples, WARMUP, gpu_ids, populate};
 
-const ROUNDS: usize = 41;
-const WARMUP: usize = 3;
 /// `GetUsage`'s limit on the child (`gpud::usage::amdsmi::PROBE_TIMEOUT`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const GPUS: usize = 8;
@@ -91,45 +89,6 @@ fn probe_nothing(cfg: &AmdSmiConfig) -> anyhow::Result<()> {
         Err(amdsmi::AmdSmiError::Load { .. }) => Ok(()),
         other => anyhow::bail!("the library-less child answered {other:?}"),
     }
-}
-
-struct Samples {
-    floor: Vec<Duration>,
-    work: Vec<Duration>,
-}
-
-impl Samples {
-    fn new() -> Self {
-        Self {
-            floor: Vec::new(),
-            work: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, round: usize, floor: Duration, work: Duration) {
-        if round >= WARMUP {
-            self.floor.push(floor);
-            self.work.push(work);
-        }
-    }
-
-    fn row(mut self, floor: &str, work: &str) {
-        self.floor.sort_unstable();
-        self.work.sort_unstable();
-        let median = |v: &[Duration]| v[v.len() / 2];
-        let p90 = |v: &[Duration]| v[v.len() * 9 / 10];
-        let (f, w) = (median(&self.floor), median(&self.work));
-        println!("| floor: {floor} | {} | {} |", ms(f), ms(p90(&self.floor)));
-        println!("| {work} | {} | {} |", ms(w), ms(p90(&self.work)));
-        println!(
-            "| ratio of medians | {:.2} | |",
-            w.as_secs_f64() / f.as_secs_f64()
-        );
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 fn timed<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(Duration, T)> {

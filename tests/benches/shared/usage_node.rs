@@ -6,9 +6,14 @@
 use std::{
     fs,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 pub const PODS: usize = 110;
+/// Timed rounds, each bench's floor and work interleaved.
+pub const ROUNDS: usize = 41;
+/// Rounds run first and not counted.
+pub const WARMUP: usize = 3;
 pub const MIB: u64 = 1 << 20;
 
 pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
@@ -82,4 +87,46 @@ pub fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec
         }
     }
     Ok(files)
+}
+
+/// A floor and the work measured against it, round by round.
+pub struct Samples {
+    floor: Vec<Duration>,
+    work: Vec<Duration>,
+}
+
+impl Samples {
+    pub fn new() -> Self {
+        Self {
+            floor: Vec::new(),
+            work: Vec::new(),
+        }
+    }
+
+    /// Keeps round `round`'s times unless it is a warm-up round.
+    pub fn push(&mut self, round: usize, floor: Duration, work: Duration) {
+        if round >= WARMUP {
+            self.floor.push(floor);
+            self.work.push(work);
+        }
+    }
+
+    /// Prints the floor's row, the work's and the ratio of their medians.
+    pub fn row(mut self, floor: &str, work: &str) {
+        self.floor.sort_unstable();
+        self.work.sort_unstable();
+        let median = |v: &[Duration]| v[v.len() / 2];
+        let p90 = |v: &[Duration]| v[v.len() * 9 / 10];
+        let (f, w) = (median(&self.floor), median(&self.work));
+        println!("| floor: {floor} | {} | {} |", ms(f), ms(p90(&self.floor)));
+        println!("| {work} | {} | {} |", ms(w), ms(p90(&self.work)));
+        println!(
+            "| ratio of medians | {:.2} | |",
+            w.as_secs_f64() / f.as_secs_f64()
+        );
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
 }
