@@ -17,22 +17,17 @@
 
 use std::{collections::BTreeMap, fs, io::Read, path::PathBuf, sync::Arc, time::Instant};
 
-use gpud::{
-    HostPaths,
-    dmem::layout::{Driver, Layout},
-    usage::{self, Targets},
-};
+use gpud::usage;
 use ipc::types::{GpuInfo, PartitionInfo};
 use k8s_openapi::api::core::v1::Pod;
 use plugin::{
     inventory::Snapshot,
     metrics::{Metrics, Usage as Grants, hami::Inputs},
 };
-use tests::fixture::{self, BuildOptions};
 
 #[path = "shared/usage_node.rs"]
 mod usage_node;
-use usage_node::{PODS, ROUNDS, Samples, WARMUP, cid, gpu_ids, populate, uid};
+use usage_node::{Node, PODS, ROUNDS, Samples, WARMUP, cid, uid};
 
 fn read_each(files: &[PathBuf], buf: &mut Vec<u8>) -> std::io::Result<()> {
     for file in files {
@@ -133,38 +128,30 @@ fn pods(snapshot: &Snapshot, ids: &[u64]) -> anyhow::Result<Vec<Arc<Pod>>> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let root = fixture::scratch_dir()?;
-    let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
-    let opts = BuildOptions {
-        drm: true,
-        amdsmi_abi: None,
-    };
-    fixture::build(&spec, root.path(), &opts)?;
-    let bdfs: Vec<String> = spec.gpus.iter().map(|g| g.bdf()).collect();
-    let ids = gpu_ids(root.path())?;
-    anyhow::ensure!(ids.len() == 64, "{} KFD GPUs", ids.len());
-    let files = populate(root.path(), &ids, &bdfs)?;
-    let paths = HostPaths::under(root.path());
-    let layouts = vec![Layout::new(Driver::Systemd, "/")?];
-    let targets = Targets {
-        gpus: bdfs.clone(),
-        gpu_ids: ids.clone(),
-    };
+    let node = Node::build(None)?;
+    let Node {
+        files,
+        paths,
+        layouts,
+        targets,
+        ..
+    } = &node;
     let mut gpud = Samples::new();
     let mut buf = Vec::new();
-    let mut reading = usage::read(&paths, &layouts, &targets);
+    let mut reading = usage::read(paths, layouts, targets);
     for round in 0..ROUNDS + WARMUP {
         let t = Instant::now();
-        read_each(&files, &mut buf)?;
+        read_each(files, &mut buf)?;
         let floor = t.elapsed();
         let t = Instant::now();
-        reading = usage::read(&paths, &layouts, &targets);
+        reading = usage::read(paths, layouts, targets);
         let work = t.elapsed();
         gpud.push(round, floor, work);
     }
     anyhow::ensure!(reading.usage.containers.len() == PODS && reading.outside == 0);
-    let snapshot = snapshot(&bdfs, &ids);
-    let (plugin, text) = time_plugin(&snapshot, &ids, &reading.usage)?;
+    let (bdfs, ids) = (&targets.gpus, &targets.gpu_ids);
+    let snapshot = snapshot(bdfs, ids);
+    let (plugin, text) = time_plugin(&snapshot, ids, &reading.usage)?;
     let used = text
         .lines()
         .filter(|l| l.starts_with("hami_vgpu_memory_used_bytes{"))

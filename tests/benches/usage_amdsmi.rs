@@ -27,17 +27,15 @@ use std::{
 };
 
 use gpud::{
-    HostPaths,
     amdsmi::{self, AmdSmiConfig, LibrarySource, report::GpuUsage},
-    dmem::layout::{Driver, Layout},
-    usage::{self, Targets},
+    usage,
 };
 use serde_json::Value;
-use tests::fixture::{self, BuildOptions};
+use tests::fixture;
 
 #[path = "shared/usage_node.rs"]
 mod usage_node;
-use usage_node::{PODS, ROUNDS, Samples, WARMUP, gpu_ids, populate};
+use usage_node::{Node, PODS, ROUNDS, Samples, WARMUP};
 
 /// `GetUsage`'s limit on the child (`gpud::usage::amdsmi::PROBE_TIMEOUT`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -98,37 +96,27 @@ fn timed<T>(f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(Duration, 
 }
 
 fn main() -> anyhow::Result<()> {
-    let root = fixture::scratch_dir()?;
-    let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
-    let opts = BuildOptions {
-        drm: true,
-        amdsmi_abi: Some("7.0".into()),
-    };
-    fixture::build(&spec, root.path(), &opts)?;
-    let smi_fixture = root.path().join(fixture::FIXTURE_FILE);
+    let node = Node::build(Some("7.0"))?;
+    let smi_fixture = node.root().join(fixture::FIXTURE_FILE);
     add_figures(&smi_fixture)?;
     let library = tests::fake_amdsmi::try_library_for("7.0").map_err(anyhow::Error::msg)?;
     let with_smi = config(library.to_owned(), &smi_fixture);
-    let no_library = config(root.path().join("no-such/libamd_smi.so"), &smi_fixture);
-
-    let bdfs: Vec<String> = spec.gpus.iter().map(|g| g.bdf()).collect();
-    let ids = gpu_ids(root.path())?;
-    anyhow::ensure!(ids.len() == 64, "{} KFD GPUs", ids.len());
-    let files = populate(root.path(), &ids, &bdfs)?;
-    let paths = HostPaths::under(root.path());
-    let layouts = vec![Layout::new(Driver::Systemd, "/")?];
-    let targets = Targets {
-        gpus: bdfs,
-        gpu_ids: ids,
-    };
-    let sysfs = || Ok(usage::read(&paths, &layouts, &targets));
+    let no_library = config(node.root().join("no-such/libamd_smi.so"), &smi_fixture);
+    let Node {
+        files,
+        paths,
+        layouts,
+        targets,
+        ..
+    } = &node;
+    let sysfs = || Ok(usage::read(paths, layouts, targets));
     let (mut read, mut child) = (Samples::new(), Samples::new());
     for round in 0..ROUNDS + WARMUP {
         let (alone, _) = timed(sysfs)?;
         let (both, ()) = timed(|| {
             std::thread::scope(|s| {
                 let child = s.spawn(|| probe(&with_smi));
-                let reading = usage::read(&paths, &layouts, &targets);
+                let reading = usage::read(paths, layouts, targets);
                 let pods = reading.usage.containers.len();
                 anyhow::ensure!(
                     pods == PODS && reading.usage.gpus.len() == GPUS,

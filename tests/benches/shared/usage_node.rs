@@ -9,6 +9,13 @@ use std::{
     time::Duration,
 };
 
+use gpud::{
+    HostPaths,
+    dmem::layout::{Driver, Layout},
+    usage::Targets,
+};
+use tests::fixture::{self, BuildOptions};
+
 pub const PODS: usize = 110;
 /// Timed rounds, each bench's floor and work interleaved.
 pub const ROUNDS: usize = 41;
@@ -30,7 +37,7 @@ pub fn cid(i: usize) -> String {
 }
 
 /// KFD `gpu_id`s of the topology's GPU nodes.
-pub fn gpu_ids(root: &Path) -> anyhow::Result<Vec<u64>> {
+fn gpu_ids(root: &Path) -> anyhow::Result<Vec<u64>> {
     let mut ids = Vec::new();
     for node in fs::read_dir(root.join("sys/class/kfd/kfd/topology/nodes"))? {
         let text = fs::read_to_string(node?.path().join("gpu_id"))?;
@@ -44,7 +51,7 @@ pub fn gpu_ids(root: &Path) -> anyhow::Result<Vec<u64>> {
 }
 
 /// The node's processes, pods and GPU files; returns every file a read opens.
-pub fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for i in 0..PODS {
         let pid = 10_000 + i;
@@ -87,6 +94,53 @@ pub fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec
         }
     }
     Ok(files)
+}
+
+/// The builder's `mi300x-8-cpx` node under a scratch root, with the 110
+/// pods' files, and what `gpud::usage::read` needs to read it.
+pub struct Node {
+    root: tempfile::TempDir,
+    /// Every file a read opens.
+    pub files: Vec<PathBuf>,
+    pub paths: HostPaths,
+    pub layouts: Vec<Layout>,
+    /// The 8 GPUs' PCI addresses and the 64 partitions' KFD gpu_ids, in
+    /// order.
+    pub targets: Targets,
+}
+
+impl Node {
+    /// The node's host root.
+    #[allow(dead_code, reason = "the usage bench only keeps the root alive")]
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Builds the node; `amdsmi_abi` adds the fake AMD SMI's fixture.
+    pub fn build(amdsmi_abi: Option<&str>) -> anyhow::Result<Self> {
+        let root = fixture::scratch_dir()?;
+        let spec = fixture::named("mi300x-8-cpx").ok_or_else(|| anyhow::anyhow!("no fixture"))?;
+        let opts = BuildOptions {
+            drm: true,
+            amdsmi_abi: amdsmi_abi.map(str::to_owned),
+        };
+        fixture::build(&spec, root.path(), &opts)?;
+        let bdfs: Vec<String> = spec.gpus.iter().map(|g| g.bdf()).collect();
+        let ids = gpu_ids(root.path())?;
+        anyhow::ensure!(ids.len() == 64, "{} KFD GPUs", ids.len());
+        let files = populate(root.path(), &ids, &bdfs)?;
+        let targets = Targets {
+            gpus: bdfs,
+            gpu_ids: ids,
+        };
+        Ok(Self {
+            paths: HostPaths::under(root.path()),
+            layouts: vec![Layout::new(Driver::Systemd, "/")?],
+            root,
+            files,
+            targets,
+        })
+    }
 }
 
 /// A floor and the work measured against it, round by round.
