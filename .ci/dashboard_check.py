@@ -11,7 +11,7 @@ checked by .ci/chart_check.py.
    every panel and query must name the Prometheus data source variable.
 2. Every query (panel targets and query variables) names only series the
    plugin exports: plugin/src/metrics/series.txt, which a plugin unit test
-   (metrics::hami_tests::the_series_list_is_in_sync) keeps equal to what
+   (metrics::hami::tests::the_series_list_is_in_sync) keeps equal to what
    /metrics shows.
 3. The panels the issue asks for are there: CU occupancy by pod, VRAM used
    against granted per pod, health history.
