@@ -5,7 +5,7 @@ use std::{future::Future, pin::Pin, sync::Arc};
 use ipc::types::GpuInfo;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::vram::{PodLookup, is_pod};
+use crate::vram::{PodLookup, PodLookupError, is_pod};
 
 /// The pods of the node as a [`PodLookup`] finds them.
 #[derive(Debug, Default)]
@@ -19,9 +19,9 @@ impl PodLookup for KnownPods {
         namespace: &'a str,
         name: &'a str,
         uid: Option<&'a str>,
-    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, PodLookupError>> + Send + 'a>> {
         let found = self.pods.iter().find(|p| is_pod(p, namespace, name, uid));
-        let answer = found.cloned().ok_or_else(|| "no such pod".to_owned());
+        let answer = found.cloned().ok_or(PodLookupError::NotKnown);
         Box::pin(async move { answer })
     }
 }

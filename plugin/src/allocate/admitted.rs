@@ -85,7 +85,7 @@ impl Admitted {
                 debug!(pods = pods.len(), "pods kubelet admitted with {resource}");
                 Self::Listed(pods)
             }
-            Ok(Err(why)) => unknown(socket, &why),
+            Ok(Err(why)) => unknown(socket, &why.to_string()),
             Err(_) => unknown(socket, &format!("no answer within {LIST_TIMEOUT:?}")),
         }
     }

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::{AllocateError, Allocator, pod};
 use crate::{
     kube::CALL_TIMEOUT,
-    vram::{PodLookup, is_pod},
+    vram::{PodLookup, PodLookupError, is_pod},
 };
 
 impl Allocator {
@@ -91,14 +91,12 @@ impl Allocator {
     }
 
     /// One GET of the pod from the API server.
-    async fn read_pod(&self, namespace: &str, name: &str) -> Result<Arc<Pod>, String> {
+    async fn read_pod(&self, namespace: &str, name: &str) -> Result<Arc<Pod>, PodLookupError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         match tokio::time::timeout(CALL_TIMEOUT, api.get(name)).await {
             Ok(Ok(pod)) => Ok(Arc::new(pod)),
-            Ok(Err(err)) => Err(format!("reading it from the API server: {err}")),
-            Err(_) => Err(format!(
-                "reading it from the API server timed out after {CALL_TIMEOUT:?}"
-            )),
+            Ok(Err(err)) => Err(PodLookupError::Read(err)),
+            Err(_) => Err(PodLookupError::ReadTimeout(CALL_TIMEOUT)),
         }
     }
 
@@ -109,7 +107,7 @@ impl Allocator {
         namespace: &str,
         name: &str,
         uid: Option<&str>,
-    ) -> Result<Arc<Pod>, String> {
+    ) -> Result<Arc<Pod>, PodLookupError> {
         if let Some(pod) = self.ours.ahead_of_cache(namespace, name, uid) {
             return Ok(pod);
         }
@@ -119,11 +117,14 @@ impl Allocator {
         }
         let pod = self.read_pod(namespace, name).await?;
         if !matches(&pod) {
-            let found = pod.metadata.uid.as_deref().unwrap_or("none");
-            return Err(format!(
-                "the API server has another pod of that name (uid {found}, not {})",
-                uid.unwrap_or_default()
-            ));
+            return Err(PodLookupError::OtherUid {
+                found: pod
+                    .metadata
+                    .uid
+                    .clone()
+                    .unwrap_or_else(|| "none".to_owned()),
+                wanted: uid.unwrap_or_default().to_owned(),
+            });
         }
         info!(pod = %format!("{namespace}/{name}"), "not in the watch cache yet; read it");
         self.ours.learned(Arc::clone(&pod));
@@ -137,7 +138,7 @@ impl PodLookup for Allocator {
         namespace: &'a str,
         name: &'a str,
         uid: Option<&'a str>,
-    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>> {
+    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, PodLookupError>> + Send + 'a>> {
         Box::pin(self.find_pod(namespace, name, uid))
     }
 }
@@ -205,6 +206,6 @@ mod tests {
         let err = within(a.find("ns", "cached", Some("u-other")))
             .await
             .unwrap();
-        assert!(err.unwrap_err().contains("API server"));
+        assert!(err.unwrap_err().to_string().contains("API server"));
     }
 }

@@ -195,7 +195,7 @@ impl DevicePlugin for PluginService {
             if let Some(vram) = &self.vram {
                 vram.pre_start(&ids, cap_mandatory)
                     .await
-                    .map_err(Status::failed_precondition)?;
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?;
             }
             Ok(Response::new(PreStartContainerResponse {}))
         }

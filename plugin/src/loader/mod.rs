@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use crate::{
     kube::{Events, Regarding},
     vram::{
-        CapError, PodLookup,
+        CapError, PodLookup, PodLookupError, PodResourcesError,
         owners::{Owners, PodRef, holder_in, list_pod_resources},
     },
 };
@@ -72,8 +72,18 @@ pub(crate) trait LoaderSink: Send + Sync + fmt::Debug {
 pub(crate) enum LoaderError {
     #[error(transparent)]
     Owner(#[from] CapError),
-    #[error("pod {pod}: {why}")]
-    Container { pod: String, why: String },
+    #[error("pod {pod}: {source}")]
+    Lookup {
+        pod: String,
+        #[source]
+        source: PodLookupError,
+    },
+    #[error("pod {pod}: {source}")]
+    Container {
+        pod: String,
+        #[source]
+        source: ContainerError,
+    },
     #[error("pod {pod}, image {image}: the loader check could not be made: {why}")]
     Inspect {
         pod: String,
@@ -93,6 +103,39 @@ pub(crate) enum LoaderError {
     },
     #[error("pod {pod}: staging the memory hook: {why}")]
     Stage { pod: String, why: SinkError },
+}
+
+/// Why the container holding a set of device ids cannot be told.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ContainerError {
+    #[error("the pod has no spec")]
+    NoSpec,
+    #[error("kubelet names container {name:?}, which the pod does not have")]
+    NotInPod { name: String },
+    #[error(
+        "cannot tell which container holds devices {ids:?} ({kubelet}, and the pod has not \
+         exactly one container asking for {resource})"
+    )]
+    Ambiguous {
+        ids: Vec<String>,
+        kubelet: KubeletSaid,
+        resource: String,
+    },
+}
+
+/// What kubelet's pod-resources API said about a set of device ids.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KubeletSaid {
+    #[error("--pod-resources-socket is off")]
+    NotAsked,
+    #[error("kubelet's pod-resources API names no container")]
+    NoContainer,
+    #[error("{}: {source}", path.display())]
+    Failed {
+        path: PathBuf,
+        #[source]
+        source: PodResourcesError,
+    },
 }
 
 impl LoaderError {
@@ -168,16 +211,16 @@ impl LoaderCheck {
             .pods
             .find(&owner.namespace, &owner.name, Some(&owner.uid))
             .await
-            .map_err(|why| LoaderError::Container {
+            .map_err(|source| LoaderError::Lookup {
                 pod: who.clone(),
-                why,
+                source,
             })?;
         let container =
             self.container_of(&pod, ids)
                 .await
-                .map_err(|why| LoaderError::Container {
+                .map_err(|source| LoaderError::Container {
                     pod: who.clone(),
-                    why,
+                    source,
                 })?;
         let image = container.image.clone().unwrap_or_default();
         let inspected =
@@ -227,15 +270,15 @@ impl LoaderCheck {
         &self,
         pod: &'p Pod,
         ids: &[String],
-    ) -> Result<&'p Container, String> {
-        let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
+    ) -> Result<&'p Container, ContainerError> {
+        let spec = pod.spec.as_ref().ok_or(ContainerError::NoSpec)?;
         let all = || {
             spec.init_containers
                 .iter()
                 .flatten()
                 .chain(&spec.containers)
         };
-        let mut kubelet_says = "--pod-resources-socket is off".to_owned();
+        let mut kubelet = KubeletSaid::NotAsked;
         if let Some(path) = &self.pod_resources {
             match list_pod_resources(path).await {
                 Ok(list) => {
@@ -245,24 +288,29 @@ impl LoaderCheck {
                                 && *name == pod.name_any()
                         });
                     if let Some((_, _, name)) = held {
-                        return all().find(|c| c.name == name).ok_or_else(|| {
-                            format!("kubelet names container {name:?}, which the pod does not have")
-                        });
+                        return all()
+                            .find(|c| c.name == name)
+                            .ok_or(ContainerError::NotInPod { name });
                     }
-                    kubelet_says = "kubelet's pod-resources API names no container".to_owned();
+                    kubelet = KubeletSaid::NoContainer;
                 }
-                Err(why) => kubelet_says = format!("{}: {why}", path.display()),
+                Err(source) => {
+                    kubelet = KubeletSaid::Failed {
+                        path: path.clone(),
+                        source,
+                    }
+                }
             }
         }
         let mut asking = all()
             .filter(|c| crate::kube::container_asks(c, &self.resource_name).is_some_and(|n| n > 0));
         match (asking.next(), asking.next()) {
             (Some(only), None) => Ok(only),
-            _ => Err(format!(
-                "cannot tell which container holds devices {ids:?} ({kubelet_says}, and the \
-                 pod has not exactly one container asking for {})",
-                self.resource_name
-            )),
+            _ => Err(ContainerError::Ambiguous {
+                ids: ids.to_vec(),
+                kubelet,
+                resource: self.resource_name.clone(),
+            }),
         }
     }
 

@@ -9,9 +9,12 @@ use zbus::proxy::CacheProperties;
 
 use super::CapSink;
 use crate::{
-    gpud::{Bus, connect},
+    gpud::{Bus, SessionError, connect},
     inventory::Snapshot,
 };
+
+/// How long amd-gpud has to answer `SetPodVramLimits`.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// amd-gpud's `SetPodVramLimits`, over a fresh connection per call (a
 /// container start is rare, and amd-gpud may have restarted in between).
@@ -30,28 +33,24 @@ impl CapSink for GpudCaps {
         &self,
         uid: String,
         limits: BTreeMap<String, u64>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SessionError>> + Send>> {
         let bus = self.bus.clone();
         Box::pin(async move {
             let call = async {
-                let conn = connect(&bus).await.map_err(|e| e.to_string())?;
+                let conn = connect(&bus).await?;
                 let node = NodeProxy::builder(&conn)
                     .cache_properties(CacheProperties::No)
                     .build()
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
                 let limits: std::collections::HashMap<&str, u64> =
                     limits.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-                let cgroup = node
-                    .set_pod_vram_limits(&uid, limits)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let cgroup = node.set_pod_vram_limits(&uid, limits).await?;
                 debug!(cgroup, "dmem.max written");
-                Ok(())
+                Ok::<(), SessionError>(())
             };
-            tokio::time::timeout(Duration::from_secs(10), call)
+            tokio::time::timeout(CALL_TIMEOUT, call)
                 .await
-                .map_err(|_| "amd-gpud did not answer SetPodVramLimits within 10 s".to_owned())?
+                .map_err(|_| SessionError::Timeout(CALL_TIMEOUT))?
         })
     }
 }

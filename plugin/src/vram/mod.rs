@@ -16,11 +16,15 @@
 //! [`owners`] records and recovers the pod of each device id; [`gpud`] is
 //! the [`CapSink`] that asks amd-gpud.
 
+pub(crate) mod error;
 pub(crate) mod gpud;
 pub(crate) mod owners;
 
 use std::{collections::BTreeMap, fmt, future::Future, pin::Pin, sync::Arc};
 
+pub(crate) use error::{
+    CapError, LimitsError, PodLookupError, PodResourcesError, PreStartError, RecoverError,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 pub(crate) use owners::Owners;
@@ -29,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::{
     config::DmemMode,
+    gpud::SessionError,
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
     inventory::Snapshot,
     inventory::gpu_id,
@@ -36,17 +41,6 @@ use crate::{
 };
 
 const MIB: u64 = 1024 * 1024;
-
-/// Why a cap was not applied.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum CapError {
-    #[error("no pod is known for devices {ids:?}: {why}")]
-    NoPod { ids: Vec<String>, why: String },
-    #[error("pod {pod}: {why}")]
-    BadPod { pod: String, why: String },
-    #[error("amd-gpud refused the VRAM cap of pod {pod}: {why}")]
-    Refused { pod: String, why: String },
-}
 
 /// Sets a pod's VRAM limits (amd-gpud's `SetPodVramLimits`).
 pub(crate) trait CapSink: Send + Sync + fmt::Debug {
@@ -58,7 +52,7 @@ pub(crate) trait CapSink: Send + Sync + fmt::Debug {
         &self,
         uid: String,
         limits: BTreeMap<String, u64>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+    ) -> Pin<Box<dyn Future<Output = Result<(), SessionError>> + Send>>;
 }
 
 /// Finds a pod of this node by name (and uid, when given): Allocate's
@@ -70,7 +64,7 @@ pub(crate) trait PodLookup: Send + Sync {
         namespace: &'a str,
         name: &'a str,
         uid: Option<&'a str>,
-    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, String>> + Send + 'a>>;
+    ) -> Pin<Box<dyn Future<Output = Result<Arc<Pod>, PodLookupError>> + Send + 'a>>;
 }
 
 /// Whether `pod` is `namespace/name` (of `uid`, when given).
@@ -117,7 +111,11 @@ impl VramCaps {
     ///
     /// # Errors
     /// With `--dmem-backend on` or `mandatory`: the reason, for kubelet.
-    pub(crate) async fn pre_start(&self, ids: &[String], mandatory: bool) -> Result<(), String> {
+    pub(crate) async fn pre_start(
+        &self,
+        ids: &[String],
+        mandatory: bool,
+    ) -> Result<(), PreStartError> {
         if !self.pre_start_required() {
             return Ok(());
         }
@@ -131,7 +129,7 @@ impl VramCaps {
             } else {
                 "--dmem-backend on makes this fatal"
             };
-            return Err(format!("{err} ({why})"));
+            return Err(PreStartError { cap: err, why });
         }
         warn!("VRAM cap not applied, the container starts without it: {err}");
         if let (Some(events), Some(pod)) = (&self.events, self.owners.get(ids)) {
@@ -160,14 +158,14 @@ impl VramCaps {
             .pods
             .find(&owner.namespace, &owner.name, Some(&owner.uid))
             .await
-            .map_err(|why| CapError::BadPod {
+            .map_err(|source| CapError::BadPod {
                 pod: who.clone(),
-                why,
+                source: source.into(),
             })?;
         let limits =
-            pod_limits(&pod, &self.snapshots.borrow()).map_err(|why| CapError::BadPod {
+            pod_limits(&pod, &self.snapshots.borrow()).map_err(|source| CapError::BadPod {
                 pod: who.clone(),
-                why,
+                source: source.into(),
             })?;
         if limits.is_empty() {
             return Ok(());
@@ -176,9 +174,9 @@ impl VramCaps {
         self.sink
             .set(uid, limits.clone())
             .await
-            .map_err(|why| CapError::Refused {
+            .map_err(|source| CapError::Refused {
                 pod: who.clone(),
-                why,
+                source,
             })?;
         info!(pod = %who, ?limits, "VRAM cap set");
         Ok(())
@@ -191,34 +189,42 @@ impl VramCaps {
 /// # Errors
 /// When the annotation is missing or malformed, names a GPU this node does
 /// not have, or the sum overflows.
-pub(crate) fn pod_limits(pod: &Pod, snapshot: &Snapshot) -> Result<BTreeMap<String, u64>, String> {
+pub(crate) fn pod_limits(
+    pod: &Pod,
+    snapshot: &Snapshot,
+) -> Result<BTreeMap<String, u64>, LimitsError> {
     let value = pod
         .annotations()
         .get(ALLOCATED_KEY)
-        .ok_or_else(|| format!("no {ALLOCATED_KEY} annotation"))?;
-    let containers =
-        parse_pod_devices(DevicesAnnotation::Allocated, value).map_err(|e| e.to_string())?;
+        .ok_or(LimitsError::NoAnnotation)?;
+    let containers = parse_pod_devices(DevicesAnnotation::Allocated, value)?;
     let mut limits = BTreeMap::new();
     // A grant made under an older name of a device counts on that device.
     let aliases = crate::inventory::ids::Aliases::of(snapshot);
     for device in containers.iter().flatten() {
         let current = aliases
             .resolve(&device.uuid)
-            .map_err(|err| format!("{ALLOCATED_KEY} names {err}"))?;
+            .map_err(LimitsError::Unresolved)?;
         let gpu = snapshot
             .gpus
             .iter()
             .find(|g| gpu_id(g) == current)
-            .ok_or_else(|| format!("{ALLOCATED_KEY} names GPU {current:?}, not on this node"))?;
+            .ok_or_else(|| LimitsError::GpuNotHere {
+                gpu: current.clone(),
+            })?;
         let bytes = u64::from(device.usedmem)
             .checked_mul(MIB)
-            .ok_or_else(|| format!("{} MiB does not fit in bytes", device.usedmem))?;
+            .ok_or(LimitsError::TooLarge {
+                mib: device.usedmem,
+            })?;
         // A compute partition's VRAM is capped in its GPU's region.
         let region = snapshot.physical_bdf(&gpu.bdf).to_owned();
         let sum: &mut u64 = limits.entry(region.clone()).or_default();
         *sum = sum
             .checked_add(bytes)
-            .ok_or_else(|| format!("the VRAM sum on {region} overflows"))?;
+            .ok_or_else(|| LimitsError::Overflow {
+                region: region.clone(),
+            })?;
     }
     Ok(limits)
 }

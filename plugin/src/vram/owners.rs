@@ -17,7 +17,7 @@ use proto::podresources::v1::{
 };
 use tracing::info;
 
-use super::{CapError, PodLookup};
+use super::{CapError, PodLookup, PodResourcesError, RecoverError};
 use crate::kube::CALL_TIMEOUT;
 
 /// A pod, as Events and amd-gpud need it.
@@ -104,30 +104,33 @@ impl Owners {
         ids: &[String],
         pods: &dyn PodLookup,
     ) -> Result<PodRef, CapError> {
-        let fail = |why: String| CapError::NoPod {
+        let fail = |source: RecoverError| CapError::NoPod {
             ids: ids.to_vec(),
-            why,
+            source,
         };
         let Some(path) = &self.pod_resources else {
-            return Err(fail(
-                "not allocated by this process, and --pod-resources-socket is off".to_owned(),
-            ));
+            return Err(fail(RecoverError::NoPodResources));
         };
-        let list = list_pod_resources(path)
-            .await
-            .map_err(|why| fail(format!("{}: {why}", path.display())))?;
-        let (namespace, name) = owner_in(&list, &self.resource_name, ids).ok_or_else(|| {
-            fail(format!(
-                "kubelet's pod-resources API ({}) lists no container holding them",
-                path.display()
-            ))
+        let list = list_pod_resources(path).await.map_err(|source| {
+            fail(RecoverError::PodResources {
+                path: path.clone(),
+                source,
+            })
         })?;
+        let (namespace, name) = owner_in(&list, &self.resource_name, ids)
+            .ok_or_else(|| fail(RecoverError::NotListed { path: path.clone() }))?;
+        let who = format!("{namespace}/{name}");
         let uid = pods
             .find(&namespace, &name, None)
             .await
-            .map_err(|why| fail(format!("{namespace}/{name}: {why}")))?
+            .map_err(|source| {
+                fail(RecoverError::Lookup {
+                    pod: who.clone(),
+                    source,
+                })
+            })?
             .uid()
-            .ok_or_else(|| fail(format!("{namespace}/{name} has no uid")))?;
+            .ok_or_else(|| fail(RecoverError::NoUid { pod: who.clone() }))?;
         let pod = PodRef {
             namespace,
             name,
@@ -141,20 +144,20 @@ impl Owners {
 
 pub(crate) async fn list_pod_resources(
     path: &std::path::Path,
-) -> Result<ListPodResourcesResponse, String> {
+) -> Result<ListPodResourcesResponse, PodResourcesError> {
     let call = async {
         let channel = proto::unix::channel(path)
             .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
+            .map_err(PodResourcesError::Connect)?;
         PodResourcesListerClient::new(channel)
             .list(ListPodResourcesRequest {})
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|s| format!("List failed: {}", s.message()))
+            .map_err(PodResourcesError::List)
     };
     tokio::time::timeout(CALL_TIMEOUT, call)
         .await
-        .map_err(|_| format!("no answer within {CALL_TIMEOUT:?}"))?
+        .map_err(|_| PodResourcesError::Timeout(CALL_TIMEOUT))?
 }
 
 /// The pod with a container whose `resource` devices include every id.

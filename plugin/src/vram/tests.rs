@@ -38,12 +38,15 @@ fn the_limit_is_the_pods_sum_per_gpu() {
             ("0000:15:00.0".to_owned(), 1024 * MIB),
         ])
     );
-    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), &snapshot()).unwrap_err();
+    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), &snapshot())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("GPU-Z"), "{err}");
     let none: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
     assert!(
         pod_limits(&none, &snapshot())
             .unwrap_err()
+            .to_string()
             .contains(ALLOCATED_KEY)
     );
 }
@@ -65,9 +68,12 @@ impl CapSink for FakeSink {
         &self,
         uid: String,
         limits: BTreeMap<String, u64>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), SessionError>> + Send>> {
         self.calls.lock().unwrap().push((uid, limits));
-        let answer = self.refuse.clone().map_or(Ok(()), Err);
+        let answer = self
+            .refuse
+            .clone()
+            .map_or(Ok(()), |why| Err(zbus::Error::Failure(why).into()));
         Box::pin(async move { answer })
     }
 }
@@ -140,11 +146,15 @@ async fn only_on_makes_a_failed_cap_fail_the_container() {
     );
     remember(&auto, &ids);
     let done = tokio::time::timeout(Duration::from_secs(5), auto.pre_start(&ids, false)).await;
-    assert_eq!(done.unwrap(), Ok(()), "auto: logged, the container starts");
+    assert!(
+        matches!(done.unwrap(), Ok(())),
+        "auto: logged, the container starts"
+    );
     let hookless = tokio::time::timeout(Duration::from_secs(5), auto.pre_start(&ids, true))
         .await
         .unwrap()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         hookless.contains("resource busy") && hookless.contains("no memory hook"),
         "auto, but the loader check left the hook out: the cap must hold: {hookless}"
@@ -159,7 +169,8 @@ async fn only_on_makes_a_failed_cap_fail_the_container() {
     let err = tokio::time::timeout(Duration::from_secs(5), on.pre_start(&ids, false))
         .await
         .unwrap()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("resource busy") && err.contains("ns/p"),
         "{err}"
@@ -170,7 +181,8 @@ async fn only_on_makes_a_failed_cap_fail_the_container() {
     let err = tokio::time::timeout(Duration::from_secs(5), lost.pre_start(&ids, false))
         .await
         .unwrap()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("GPU-A#0"), "{err}");
     assert!(sink.calls.lock().unwrap().is_empty());
 }
@@ -183,7 +195,7 @@ async fn nothing_is_asked_when_the_backend_is_off() {
         remember(&caps, &ids);
         assert!(!caps.pre_start_required());
         let done = tokio::time::timeout(Duration::from_secs(5), caps.pre_start(&ids, false)).await;
-        assert_eq!(done.unwrap(), Ok(()));
+        assert!(matches!(done.unwrap(), Ok(())), "{mode:?}");
         assert!(sink.calls.lock().unwrap().is_empty(), "{mode:?}");
     }
 }
