@@ -6,7 +6,8 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr};
 use clap::Parser;
 
 use crate::{
-    inventory::partition::OperatingMode, kube::KubeAccess, preferred::Policy, sandbox::SandboxMode,
+    choice::InvalidChoice, inventory::partition::OperatingMode, kube::KubeAccess,
+    preferred::Policy, sandbox::SandboxMode,
 };
 
 /// Default kubelet device-plugin directory.
@@ -181,14 +182,18 @@ pub(crate) enum MetricsAddress {
 }
 
 impl FromStr for MetricsAddress {
-    type Err = String;
+    type Err = InvalidChoice;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         if value == "none" {
             return Ok(Self::None);
         }
         value.parse().map(Self::At).map_err(|_| {
-            format!("--metrics-address is ADDRESS:PORT (e.g. {DEFAULT_METRICS_ADDRESS}) or none, not {value:?}")
+            InvalidChoice::new(
+                "--metrics-address",
+                "ADDRESS:PORT (e.g. 127.0.0.1:9400) or none",
+                value,
+            )
         })
     }
 }
@@ -202,7 +207,7 @@ pub(crate) enum DmemMode {
 }
 
 impl FromStr for DmemMode {
-    type Err = String;
+    type Err = InvalidChoice;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         // `true` and `false` are the seed chart's spelling (`dp.dmemBackend`).
@@ -210,8 +215,10 @@ impl FromStr for DmemMode {
             "auto" => Ok(Self::Auto),
             "on" | "true" => Ok(Self::On),
             "off" | "false" => Ok(Self::Off),
-            other => Err(format!(
-                "--dmem-backend is auto, on (or true) or off (or false), not {other:?}"
+            other => Err(InvalidChoice::new(
+                "--dmem-backend",
+                "auto, on (or true) or off (or false)",
+                other,
             )),
         }
     }
@@ -297,5 +304,9 @@ mod tests {
         assert_eq!(cli.metrics_address, MetricsAddress::None);
         let err = Cli::try_parse_from(["x", "--metrics-address", "9400"]).unwrap_err();
         assert!(err.to_string().contains("ADDRESS:PORT"), "{err}");
+        assert!(
+            err.to_string().contains(DEFAULT_METRICS_ADDRESS),
+            "the example is the default: {err}"
+        );
     }
 }

@@ -10,6 +10,7 @@
 #![deny(unsafe_code)]
 
 pub(crate) mod allocate;
+pub(crate) mod choice;
 pub(crate) mod config;
 pub(crate) mod cu;
 pub(crate) mod gpud;

@@ -63,24 +63,23 @@ impl CuList {
     ///
     /// # Errors
     /// The reason, naming the offending item.
-    pub(crate) fn parse(s: &str) -> Result<Self, String> {
+    pub(crate) fn parse(s: &str) -> Result<Self, CuListError> {
         if s.is_empty() {
-            return Err("empty CU list".to_owned());
+            return Err(CuListError::Empty);
         }
         let mut list = Self::default();
         for item in s.split(',') {
             if list.0.len() >= MAX_RANGES {
-                return Err(format!("more than {MAX_RANGES} ranges"));
+                return Err(CuListError::TooManyRanges);
             }
             let range = parse_item(item)?;
-            if let Some(last) = list.0.last()
+            if let Some(&last) = list.0.last()
                 && range.start <= last.end
             {
-                return Err(format!(
-                    "item {item:?} is not above {}-{}: the list must be ascending and \
-                     non-overlapping",
-                    last.start, last.end
-                ));
+                return Err(CuListError::NotAscending {
+                    item: item.to_owned(),
+                    last,
+                });
             }
             list.push(range);
         }
@@ -220,7 +219,28 @@ impl fmt::Display for CuList {
     }
 }
 
-fn parse_item(item: &str) -> Result<CuRange, String> {
+/// Why a CU list such as `0-3,8` does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CuListError {
+    #[error("empty CU list")]
+    Empty,
+    #[error("more than {MAX_RANGES} ranges")]
+    TooManyRanges,
+    #[error(
+        "item {item:?} is not above {}-{}: the list must be ascending and non-overlapping",
+        last.start,
+        last.end
+    )]
+    NotAscending { item: String, last: CuRange },
+    #[error("item {item:?}: range start is above its end")]
+    StartAboveEnd { item: String },
+    #[error("item {item:?}: {index:?} is not a CU index")]
+    NotAnIndex { item: String, index: String },
+    #[error("item {item:?}: CU index {index} is too large")]
+    TooLarge { item: String, index: String },
+}
+
+fn parse_item(item: &str) -> Result<CuRange, CuListError> {
     let (start, end) = match item.split_once('-') {
         Some((a, b)) => (parse_cu(item, a)?, parse_cu(item, b)?),
         None => {
@@ -229,17 +249,24 @@ fn parse_item(item: &str) -> Result<CuRange, String> {
         }
     };
     if start > end {
-        return Err(format!("item {item:?}: range start is above its end"));
+        return Err(CuListError::StartAboveEnd {
+            item: item.to_owned(),
+        });
     }
     Ok(CuRange { start, end })
 }
 
-fn parse_cu(item: &str, s: &str) -> Result<u32, String> {
+fn parse_cu(item: &str, s: &str) -> Result<u32, CuListError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("item {item:?}: {s:?} is not a CU index"));
+        return Err(CuListError::NotAnIndex {
+            item: item.to_owned(),
+            index: s.to_owned(),
+        });
     }
-    s.parse()
-        .map_err(|_| format!("item {item:?}: CU index {s} is too large"))
+    s.parse().map_err(|_| CuListError::TooLarge {
+        item: item.to_owned(),
+        index: s.to_owned(),
+    })
 }
 
 /// The whole annotation: GPU `id` to the pod's CUs on it.
@@ -295,7 +322,7 @@ pub(crate) fn parse_cu_allocated(s: &str) -> Result<CuAllocated, HamiError> {
     let mut out = BTreeMap::new();
     for (id, list) in plain {
         check_id(&id, &list)?;
-        let parsed = CuList::parse(&list).map_err(|why| cu_error(&id, &list, &why))?;
+        let parsed = CuList::parse(&list).map_err(|why| cu_error(&id, &list, &why.to_string()))?;
         out.insert(id, parsed);
     }
     Ok(CuAllocated(out))

@@ -107,7 +107,9 @@ fn parse_container(
         return Err(list_error(key, index, tail, "device not terminated by ':'"));
     };
     body.split(':')
-        .map(|device| parse_device(device).map_err(|why| list_error(key, index, device, &why)))
+        .map(|device| {
+            parse_device(device).map_err(|why| list_error(key, index, device, &why.to_string()))
+        })
         .collect()
 }
 
@@ -115,21 +117,20 @@ fn parse_container(
 /// are ignored. HAMi's decoder (Project-HAMi/HAMi:pkg/device/devices.go,
 /// `DecodeContainerDevices`) refuses fewer than four and reads the first
 /// four, so that a HAMi that appends a field still decodes everywhere.
-fn parse_device(fragment: &str) -> Result<ContainerDevice, String> {
+fn parse_device(fragment: &str) -> Result<ContainerDevice, FieldError> {
     let mut fields = fragment.splitn(5, ',');
     let mut next = || fields.next();
     let (Some(uuid), Some(device_type), Some(mem), Some(cores)) = (next(), next(), next(), next())
     else {
-        return Err(format!(
-            "expected at least 4 comma-separated fields uuid,type,memMiB,cuCount, found {}",
-            fragment.split(',').count()
-        ));
+        return Err(FieldError::TooFew {
+            found: fragment.split(',').count(),
+        });
     };
     if uuid.is_empty() {
-        return Err("uuid is empty".to_owned());
+        return Err(FieldError::Empty("uuid"));
     }
     if device_type.is_empty() {
-        return Err("type is empty".to_owned());
+        return Err(FieldError::Empty("type"));
     }
     Ok(ContainerDevice {
         uuid: uuid.to_owned(),
@@ -139,16 +140,33 @@ fn parse_device(fragment: &str) -> Result<ContainerDevice, String> {
     })
 }
 
+/// What is wrong with one device's fields `uuid,type,memMiB,cuCount`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum FieldError {
+    #[error("expected at least 4 comma-separated fields uuid,type,memMiB,cuCount, found {found}")]
+    TooFew { found: usize },
+    #[error("{0} is empty")]
+    Empty(&'static str),
+    #[error("{name} {value:?} is not a non-negative decimal integer")]
+    NotDecimal { name: &'static str, value: String },
+    #[error("{name} {value} exceeds {MAX_INT32}")]
+    TooLarge { name: &'static str, value: String },
+}
+
 /// A non-negative decimal that fits HAMi's `int32`: ASCII digits only.
-fn parse_int32(name: &str, s: &str) -> Result<u32, String> {
+fn parse_int32(name: &'static str, s: &str) -> Result<u32, FieldError> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "{name} {s:?} is not a non-negative decimal integer"
-        ));
+        return Err(FieldError::NotDecimal {
+            name,
+            value: s.to_owned(),
+        });
     }
     match s.parse::<u32>() {
         Ok(n) if n <= MAX_INT32 => Ok(n),
-        _ => Err(format!("{name} {s} exceeds {MAX_INT32}")),
+        _ => Err(FieldError::TooLarge {
+            name,
+            value: s.to_owned(),
+        }),
     }
 }
 

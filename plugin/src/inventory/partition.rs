@@ -33,13 +33,13 @@ pub(crate) enum OperatingMode {
 }
 
 impl FromStr for OperatingMode {
-    type Err = String;
+    type Err = crate::choice::InvalidChoice;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         match value.trim() {
             "cu" => Ok(Self::Cu),
             "partition" => Ok(Self::Partition),
-            other => Err(format!("operating mode is cu or partition, not {other:?}")),
+            other => Err(Self::Err::new("operating mode", "cu or partition", other)),
         }
     }
 }

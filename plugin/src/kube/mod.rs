@@ -233,11 +233,15 @@ pub(crate) enum KubeAccess {
 }
 
 impl FromStr for KubeAccess {
-    type Err = String;
+    type Err = crate::choice::InvalidChoice;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         match value {
-            "" => Err("--kube needs none, auto or a kubeconfig path".to_owned()),
+            "" => Err(Self::Err::new(
+                "--kube",
+                "none, auto or a kubeconfig path",
+                value,
+            )),
             "none" => Ok(Self::None),
             "auto" => Ok(Self::Auto),
             path => Ok(Self::Kubeconfig(PathBuf::from(path))),

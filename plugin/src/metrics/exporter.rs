@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::{Exporter, Metrics, usage};
+use super::{Exporter, Metrics, server::NotReady, usage};
 use crate::{inventory::Snapshot, kube::Caches};
 
 /// What `/metrics` and `/readyz` read.
@@ -25,7 +25,7 @@ pub(crate) struct NodeExporter {
 }
 
 impl Exporter for NodeExporter {
-    fn metrics(&self) -> Result<String, String> {
+    fn metrics(&self) -> Result<String, std::fmt::Error> {
         let snapshot = self.snapshots.borrow().clone();
         let pods = self
             .caches
@@ -48,15 +48,15 @@ impl Exporter for NodeExporter {
             pods: &pods,
             usage: measured.as_deref(),
         });
-        self.metrics.encode().map_err(|e| e.to_string())
+        self.metrics.encode()
     }
 
-    fn ready(&self) -> Result<(), String> {
+    fn ready(&self) -> Result<(), NotReady> {
         if !self.metrics.kubelet_registered() {
-            return Err("not registered with kubelet".to_owned());
+            return Err(NotReady::NotRegistered);
         }
         if !self.snapshots.borrow().connected {
-            return Err("amd-gpud is not connected".to_owned());
+            return Err(NotReady::GpudAway);
         }
         Ok(())
     }

@@ -44,13 +44,22 @@ pub(crate) trait Exporter: Send + Sync + 'static {
     ///
     /// # Errors
     /// When they cannot be encoded.
-    fn metrics(&self) -> Result<String, String>;
+    fn metrics(&self) -> Result<String, std::fmt::Error>;
 
     /// Whether the plugin can serve pods now.
     ///
     /// # Errors
     /// Why not.
-    fn ready(&self) -> Result<(), String>;
+    fn ready(&self) -> Result<(), NotReady>;
+}
+
+/// Why the plugin cannot serve pods now (`/readyz`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum NotReady {
+    #[error("not registered with kubelet")]
+    NotRegistered,
+    #[error("amd-gpud is not connected")]
+    GpudAway,
 }
 
 /// Why the server could not start.
@@ -131,7 +140,10 @@ fn answer(req: &Request<Incoming>, exporter: &dyn Exporter) -> Response<Full<Byt
                 }
                 response
             }
-            Err(err) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")),
+            Err(err) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode the metrics: {err}\n"),
+            ),
         },
         "/healthz" => text(StatusCode::OK, "ok\n".to_owned()),
         "/readyz" => match exporter.ready() {
@@ -165,14 +177,14 @@ mod tests {
     struct Fake(AtomicBool);
 
     impl Exporter for Fake {
-        fn metrics(&self) -> Result<String, String> {
+        fn metrics(&self) -> Result<String, std::fmt::Error> {
             Ok("# TYPE x gauge\nx 1\n# EOF\n".to_owned())
         }
-        fn ready(&self) -> Result<(), String> {
+        fn ready(&self) -> Result<(), NotReady> {
             if self.0.load(Ordering::Relaxed) {
                 Ok(())
             } else {
-                Err("not registered with kubelet".to_owned())
+                Err(NotReady::NotRegistered)
             }
         }
     }

@@ -15,13 +15,13 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    gpud::{Bus, connect},
+    gpud::{Bus, SessionError, connect},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
     inventory::Snapshot,
     inventory::gpu_id,
     inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
-    vram::owners::list_pod_resources,
+    vram::{PodResourcesError, owners::list_pod_resources},
 };
 
 /// The Event reasons: the switch waits for a trustworthy view of
@@ -201,7 +201,7 @@ async fn trusted(sources: &Sources, target: &str) -> Allocations {
                 }
                 return held;
             }
-            Err(why) => why,
+            Err(why) => why.to_string(),
         };
         if why != last {
             let note = format!(
@@ -238,33 +238,54 @@ pub(crate) fn node_event(sources: &Sources, warning: bool, why: (&str, &str), no
     }
 }
 
+/// Why the allocations on this node cannot be trusted now.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AllocationsError {
+    #[error(
+        "neither the Kubernetes API (--kube none) nor kubelet's pod-resources API \
+         (--pod-resources-socket none) tells which GPUs pods hold"
+    )]
+    NoSource,
+    #[error(
+        "the watch of the pods on node {node} has not listed them (the API server does not answer)"
+    )]
+    NotListed { node: String },
+    #[error("the API server's watches fail: the cached pods may be stale")]
+    WatchesFail,
+    #[error("kubelet's pod-resources API ({}): {source}", path.display())]
+    PodResources {
+        path: PathBuf,
+        #[source]
+        source: PodResourcesError,
+    },
+}
+
 /// The allocations on this node, or why they cannot be trusted now.
-pub(crate) async fn allocations(sources: &Sources) -> Result<Allocations, String> {
+pub(crate) async fn allocations(sources: &Sources) -> Result<Allocations, AllocationsError> {
     if sources.caches.is_none() && sources.pod_resources.is_none() {
-        return Err(
-            "neither the Kubernetes API (--kube none) nor kubelet's pod-resources \
-                    API (--pod-resources-socket none) tells which GPUs pods hold"
-                .to_owned(),
-        );
+        return Err(AllocationsError::NoSource);
     }
     let mut held = Allocations::default();
     if let Some(caches) = &sources.caches {
         let listed = tokio::time::timeout(RECHECK, caches.pods.wait_until_ready()).await;
         if !matches!(listed, Ok(Ok(()))) {
-            return Err(format!(
-                "the watch of the pods on node {} has not listed them (the API server does not answer)",
-                caches.node_name
-            ));
+            return Err(AllocationsError::NotListed {
+                node: caches.node_name.clone(),
+            });
         }
         if !caches.connected() {
-            return Err("the API server's watches fail: the cached pods may be stale".to_owned());
+            return Err(AllocationsError::WatchesFail);
         }
         held.pods = caches.pods.state();
     }
     if let Some(path) = &sources.pod_resources {
-        let list = list_pod_resources(path)
-            .await
-            .map_err(|why| format!("kubelet's pod-resources API ({}): {why}", path.display()))?;
+        let list =
+            list_pod_resources(path)
+                .await
+                .map_err(|source| AllocationsError::PodResources {
+                    path: path.clone(),
+                    source,
+                })?;
         held.devices = list
             .pod_resources
             .iter()
@@ -277,18 +298,25 @@ pub(crate) async fn allocations(sources: &Sources) -> Result<Allocations, String
     Ok(held)
 }
 
-async fn call(bus: &Bus, gpu: &str, mode: &str, allocations_exist: bool) -> Result<u64, String> {
-    let conn = connect(bus).await.map_err(|e| e.to_string())?;
+/// How long amd-gpud has to switch a GPU's compute partition.
+const SWITCH_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Asks amd-gpud to switch `gpu` to `mode`; its new inventory generation.
+async fn call(
+    bus: &Bus,
+    gpu: &str,
+    mode: &str,
+    allocations_exist: bool,
+) -> Result<u64, SessionError> {
+    let conn = connect(bus).await?;
     let node = ipc::proxy::NodeProxy::builder(&conn)
         .cache_properties(zbus::proxy::CacheProperties::No)
         .build()
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let call = node.set_compute_partition(gpu, mode, allocations_exist);
-    tokio::time::timeout(Duration::from_secs(90), call)
+    Ok(tokio::time::timeout(SWITCH_TIMEOUT, call)
         .await
-        .map_err(|_| "amd-gpud did not answer within 90 s".to_owned())?
-        .map_err(|e| e.to_string())
+        .map_err(|_| SessionError::Timeout(SWITCH_TIMEOUT))??)
 }
 
 #[cfg(test)]

@@ -55,15 +55,17 @@ pub(crate) enum SandboxMode {
 }
 
 impl FromStr for SandboxMode {
-    type Err = String;
+    type Err = crate::choice::InvalidChoice;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         match value {
             "off" => Ok(Self::Off),
             "best-effort" => Ok(Self::BestEffort),
             "required" => Ok(Self::Required),
-            other => Err(format!(
-                "--sandbox is off, best-effort or required, not {other:?}"
+            other => Err(Self::Err::new(
+                "--sandbox",
+                "off, best-effort or required",
+                other,
             )),
         }
     }

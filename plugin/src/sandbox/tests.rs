@@ -70,6 +70,7 @@ fn modes_parse() {
         "yes"
             .parse::<SandboxMode>()
             .unwrap_err()
+            .to_string()
             .contains("\"yes\"")
     );
 }

@@ -78,7 +78,7 @@ fn malformed_lists_name_the_item() {
         ("0-99999999999999999999", "too large"),
         ("١", "is not a CU index"),
     ] {
-        let err = CuList::parse(s).unwrap_err();
+        let err = CuList::parse(s).unwrap_err().to_string();
         assert!(err.contains(why), "{s:?}: {err}");
     }
 }
