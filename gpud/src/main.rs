@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    gpud::cli::main(std::env::args_os())
+    gpud::main(std::env::args_os())
 }

@@ -1,4 +1,4 @@
-//! Inventory benchmark: `gpud::inventory::discover` on the MI300X CPX capture
+//! Inventory benchmark: `gpud::testing::inventory::discover` on the MI300X CPX capture
 //! (64 GPU nodes, about 4,100 files) against its floor, opening and reading
 //! each of the same files once, measured interleaved in one run; then the peak
 //! RSS of a release `amd-gpud inspect` on the same tree.
@@ -35,7 +35,7 @@ fn main() -> anyhow::Result<()> {
         read_each(&files, &mut buf)?;
         let f = t.elapsed();
         let t = Instant::now();
-        let inv = gpud::inventory::discover(&paths, None)?;
+        let inv = gpud::testing::inventory::discover(&paths, None)?;
         let i = t.elapsed();
         assert!(!inv.gpus.is_empty(), "no GPU in the benchmark tree");
         if round >= 3 {

@@ -1,7 +1,7 @@
 //! What a scrape of per-pod usage costs on a node of 64 partitions and 110
 //! pods (issue 23), each figure against its floor in the same run:
 //!
-//! - amd-gpud's read (`gpud::usage::read`: the KFD process directory, each
+//! - amd-gpud's read (`gpud::testing::usage::read`: the KFD process directory, each
 //!   process's cgroup and `vram_<gpu_id>` files, each pod's `dmem.current`,
 //!   each GPU's sysfs values, attribution and sums) against the floor of
 //!   opening and reading the same files once from a list made beforehand;
@@ -17,7 +17,7 @@
 
 use std::{collections::BTreeMap, fs, io::Read, path::PathBuf, sync::Arc, time::Instant};
 
-use gpud::usage;
+use gpud::testing::usage;
 use ipc::types::{GpuInfo, PartitionInfo};
 use k8s_openapi::api::core::v1::Pod;
 use plugin::{

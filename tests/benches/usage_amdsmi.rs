@@ -7,7 +7,7 @@
 //! files), so the reads are those of a busy node.
 //!
 //! - a read as `GetUsage` does it with AMD SMI on: the `amdsmi-probe --usage`
-//!   child started on a thread of its own beside `gpud::usage::read`, both
+//!   child started on a thread of its own beside `gpud::testing::usage::read`, both
 //!   waited for, against the floor of the sysfs read alone (what `GetUsage`
 //!   costs with `--amdsmi none`);
 //! - the child alone against the floor of the same child that loads no
@@ -27,8 +27,8 @@ use std::{
 };
 
 use gpud::{
-    amdsmi::{self, AmdSmiConfig, LibrarySource, report::GpuUsage},
-    usage,
+    testing::amdsmi::{self, AmdSmiConfig, LibrarySource, report::GpuUsage},
+    testing::usage,
 };
 use serde_json::Value;
 use tests::fixture;
@@ -37,7 +37,7 @@ use tests::fixture;
 mod usage_node;
 use usage_node::{Node, PODS, ROUNDS, Samples, WARMUP};
 
-/// `GetUsage`'s limit on the child (`gpud::usage::amdsmi::PROBE_TIMEOUT`).
+/// `GetUsage`'s limit on the child (`gpud::testing::usage::amdsmi::PROBE_TIMEOUT`).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const GPUS: usize = 8;
 

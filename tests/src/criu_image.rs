@@ -16,12 +16,12 @@ use std::{
 
 use gpud::{
     HostPaths,
-    inventory::RestoreProps,
-    restore_check::{
+    testing::inventory::RestoreProps,
+    testing::restore_check::{
         image::frame,
         proto::{current, v3_17},
     },
-    topology::{KfdNode, LinkType, read_topology},
+    testing::topology::{KfdNode, LinkType, read_topology},
 };
 
 use crate::fixture::{self, BuildOptions, NodeSpec};

@@ -10,7 +10,7 @@ mod common;
 
 use std::{path::Path, time::Duration};
 
-use gpud::amdsmi::{self, AmdSmiError};
+use gpud::testing::amdsmi::{self, AmdSmiError};
 use serde_json::{Value, json};
 use tests::fixture::{self, BuildOptions};
 
@@ -119,7 +119,7 @@ fn every_abi_enriches_the_inventory() {
 fn assert_inventory_survives(
     tweak: impl FnOnce(&mut Value),
     timeout: Duration,
-) -> gpud::inventory::Inventory {
+) -> gpud::testing::inventory::Inventory {
     let (dir, fixture) = node("7.0", tweak);
     let inv = common::inventory(dir.path(), &common::fake_amdsmi(&fixture, timeout));
     assert_eq!(inv.gpus.len(), 8);

@@ -15,7 +15,9 @@ use std::{
     time::Duration,
 };
 
-use gpud::loader_check::{Descriptor, ImageSource, SourceError, containerd::ContainerdSource};
+use gpud::testing::loader_check::{
+    Descriptor, ImageSource, SourceError, containerd::ContainerdSource,
+};
 use serde_json::Value;
 use tests::{
     containerd::Containerd,

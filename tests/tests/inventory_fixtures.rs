@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use gpud::inventory::Inventory;
+use gpud::testing::inventory::Inventory;
 use tests::fixture::{self, BuildOptions, NodeSpec};
 
 fn build(
@@ -216,7 +216,7 @@ fn the_sysfs_path_and_amd_smi_give_the_same_profile_index() {
         let inv = common::inventory(dir.path(), &config);
         let gpu = &inv.gpus[0];
         assert_eq!(gpu.partition_profiles.is_empty(), !amdsmi);
-        gpud::partition::profiles(gpu)
+        gpud::testing::partition::profiles(gpu)
             .into_iter()
             .map(|p| (p.compute_partition, p.index))
             .collect::<std::collections::BTreeMap<_, _>>()

@@ -14,7 +14,7 @@ use std::{
     sync::OnceLock,
 };
 
-use gpud::dmem::{
+use gpud::testing::dmem::{
     beneath,
     layout::{Driver, Layout, Qos},
     region::{self, Bdf},

@@ -2,7 +2,7 @@
 //! bytes, and what they accept must be self-consistent.
 #![no_main]
 
-use gpud::loader_check::analyze::{Interp, elf_summary, glibc_versions, shebang};
+use gpud::testing::loader_check::analyze::{Interp, elf_summary, glibc_versions, shebang};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! on the tree it builds (its symlinks may loop or point anywhere).
 #![no_main]
 
-use gpud::loader_check::analyze::read_layer_for_fuzz;
+use gpud::testing::loader_check::analyze::read_layer_for_fuzz;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

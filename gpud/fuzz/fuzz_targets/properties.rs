@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let mut issues = Vec::new();
-    let props = gpud::topology::Properties::parse(&text, Path::new("fuzz/properties"), &mut issues);
+    let props = gpud::testing::topology::Properties::parse(&text, Path::new("fuzz/properties"), &mut issues);
     for (key, value) in props.iter() {
         assert!(!key.is_empty());
         assert!(text.contains(key));

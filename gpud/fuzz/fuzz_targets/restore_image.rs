@@ -3,7 +3,7 @@
 //! refused: a fuzzed topology need not be self-consistent).
 #![no_main]
 
-use gpud::restore_check::{self, LocalTopology, Mode, Request, image};
+use gpud::testing::restore_check::{self, LocalTopology, Mode, Request, image};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -11,7 +11,7 @@ mod merge;
 mod restore;
 
 pub use links::{GpuLink, LinkVia};
-pub use restore::{RestoreLink, RestoreProps};
+pub use restore::RestoreProps;
 use serde::{Serialize, Serializer};
 
 use crate::{

@@ -11,19 +11,14 @@ use std::time::Instant;
 
 use tracing::{debug, debug_span};
 
+use super::Finding;
 use super::classify::{self, Command};
 use super::layers::{self, Budget, Compression, Tree};
 use super::oci::{self, Parsed};
 use super::source::{Descriptor, ImageSource, SourceError};
-use super::{Finding, Loader};
 
 use super::inspection::MAX_NESTING;
 pub use super::inspection::{InspectError, Limits, Platform};
-
-pub use super::elf::{
-    ElfClass, ElfError, ElfSummary, GlibcVersion, Interp, Shebang, elf_summary, glibc_versions,
-    shebang,
-};
 
 fn check_time(limits: &Limits, stage: &'static str) -> Result<(), InspectError> {
     if Instant::now() >= limits.deadline {
@@ -171,7 +166,7 @@ fn inspect(
 ///
 /// # Errors
 /// What reading the layer would return.
-pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, Loader), InspectError> {
+pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, super::Loader), InspectError> {
     let compression = match bytes {
         [0x1f, 0x8b, ..] => Compression::Gzip,
         [0x28, 0xb5, 0x2f, 0xfd, ..] => Compression::Zstd,

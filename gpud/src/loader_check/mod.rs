@@ -17,7 +17,7 @@ pub mod checker;
 mod classify;
 pub mod config;
 pub mod containerd;
-mod elf;
+pub(crate) mod elf;
 mod inspection;
 mod layers;
 mod oci;

@@ -19,8 +19,8 @@ mod profiles;
 
 use std::{io, path::PathBuf};
 
-pub use busy::{KfdUser, kfd_users};
-pub use profiles::{PartitionProfile, amdsmi_index, profiles};
+pub use busy::kfd_users;
+pub use profiles::profiles;
 
 use crate::{
     HostPaths,

@@ -1,6 +1,6 @@
 use std::fs;
 
-use super::*;
+use super::{profiles::amdsmi_index, *};
 use crate::{
     amdsmi::{AmdSmiConfig, LibrarySource, report},
     inventory::{Partition, RestoreProps},

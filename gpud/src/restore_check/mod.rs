@@ -54,7 +54,7 @@ pub use self::{
     criu::SearchTooLarge,
     image::{EntryReading, ImageError, ImageFormat, KfdImage},
     local::{LocalError, LocalTopology},
-    options::{Check, Options, OptionsError},
+    options::{Options, OptionsError},
     verdict::{Outcome, Verdict},
 };
 use crate::hostpaths::HostPaths;

@@ -27,6 +27,7 @@ impl LinkKind {
         }
     }
 
+    #[cfg(test)]
     pub fn crat(self) -> u32 {
         match self {
             Self::Pcie => 2,
@@ -114,6 +115,7 @@ pub struct Topo {
 
 impl Topo {
     /// Number of GPU nodes.
+    #[cfg(test)]
     pub fn gpu_count(&self) -> usize {
         self.nodes.iter().filter(|n| n.is_gpu()).count()
     }

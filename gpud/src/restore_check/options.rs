@@ -168,6 +168,7 @@ impl Options {
     ///
     /// # Errors
     /// A string without `=`, or an unknown name.
+    #[cfg(test)]
     pub fn from_assignments<S: AsRef<str>>(items: &[S]) -> Result<Self, OptionsError> {
         let mut options = Self::default();
         options.apply(items)?;

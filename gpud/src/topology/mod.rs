@@ -11,7 +11,7 @@ mod read;
 
 use std::{io, path::PathBuf};
 
-pub use node::{IoLink, KfdNode, LinkType, MemBank};
+pub use node::{IoLink, KfdNode, LinkType};
 pub use properties::Properties;
 pub use read::{Topology, read_topology};
 

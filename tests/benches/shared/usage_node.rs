@@ -11,8 +11,8 @@ use std::{
 
 use gpud::{
     HostPaths,
-    dmem::layout::{Driver, Layout},
-    usage::Targets,
+    testing::dmem::layout::{Driver, Layout},
+    testing::usage::Targets,
 };
 use tests::fixture::{self, BuildOptions};
 
@@ -97,7 +97,7 @@ fn populate(root: &Path, ids: &[u64], bdfs: &[String]) -> anyhow::Result<Vec<Pat
 }
 
 /// The builder's `mi300x-8-cpx` node under a scratch root, with the 110
-/// pods' files, and what `gpud::usage::read` needs to read it.
+/// pods' files, and what `gpud::testing::usage::read` needs to read it.
 pub struct Node {
     root: tempfile::TempDir,
     /// Every file a read opens.

@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     let mut argv: Vec<OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "gpud") {
         argv.remove(1);
-        return gpud::cli::main(argv);
+        return gpud::main(argv);
     }
     if argv.get(1).is_some_and(|a| a == "plugin") {
         argv.remove(1);
@@ -50,9 +50,9 @@ fn main() -> ExitCode {
     // library in a child process.
     if argv
         .get(1)
-        .is_some_and(|a| a == gpud::amdsmi::PROBE_SUBCOMMAND)
+        .is_some_and(|a| a == gpud::testing::amdsmi::PROBE_SUBCOMMAND)
     {
-        return gpud::cli::main(argv);
+        return gpud::main(argv);
     }
     match run(Args::parse()) {
         Ok(code) => code,
@@ -119,20 +119,20 @@ fn inspect(node: &fixture::FakeNode, with_amdsmi: bool, json: bool) -> anyhow::R
     if json {
         argv.push("--json".into());
     }
-    let cli = <gpud::cli::Cli as Parser>::try_parse_from(argv)?;
-    let gpud::cli::Command::Inspect(inspect) = cli.command else {
+    let cli = <gpud::testing::cli::Cli as Parser>::try_parse_from(argv)?;
+    let gpud::testing::cli::Command::Inspect(inspect) = cli.command else {
         bail!("internal: inspect arguments did not parse as inspect");
     };
     let mut config = inspect
         .host
         .amdsmi_config(vec![exe.into_os_string(), "gpud".into()]);
     config.child_env = child_env;
-    let inventory = gpud::cli::inventory_with(&inspect.host.host_paths(), &config)?;
+    let inventory = gpud::testing::cli::inventory_with(&inspect.host.host_paths(), &config)?;
     let mut out = std::io::stdout().lock();
     if inspect.json {
-        gpud::inspect::write_json(&inventory, &mut out)?;
+        gpud::testing::inspect::write_json(&inventory, &mut out)?;
     } else {
-        gpud::inspect::write_table(&inventory, &mut out)?;
+        gpud::testing::inspect::write_table(&inventory, &mut out)?;
     }
     Ok(ExitCode::SUCCESS)
 }

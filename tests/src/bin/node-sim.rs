@@ -25,13 +25,13 @@ fn main() -> ExitCode {
     match argv.get(1).and_then(|a| a.to_str()) {
         Some("gpud") => {
             argv.remove(1);
-            return gpud::cli::main(argv);
+            return gpud::main(argv);
         }
         Some("plugin") => {
             argv.remove(1);
             return plugin::main(argv);
         }
-        Some(gpud::amdsmi::PROBE_SUBCOMMAND) => return gpud::cli::main(argv),
+        Some(gpud::testing::amdsmi::PROBE_SUBCOMMAND) => return gpud::main(argv),
         _ => {}
     }
     match run(&Options::parse()) {

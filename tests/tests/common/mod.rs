@@ -17,8 +17,8 @@ use std::{
 
 use gpud::{
     HostPaths,
-    amdsmi::{AmdSmiConfig, LibrarySource},
-    inventory::Inventory,
+    testing::amdsmi::{AmdSmiConfig, LibrarySource},
+    testing::inventory::Inventory,
 };
 use serde_json::Value;
 
@@ -76,7 +76,7 @@ pub fn no_amdsmi() -> AmdSmiConfig {
 
 /// The inventory of the host root `root`.
 pub fn inventory(root: &Path, amdsmi: &AmdSmiConfig) -> Inventory {
-    gpud::cli::inventory_with(&HostPaths::under(root), amdsmi).expect("inventory")
+    gpud::testing::cli::inventory_with(&HostPaths::under(root), amdsmi).expect("inventory")
 }
 
 /// The inventory as JSON with machine-specific paths replaced, for snapshots.

@@ -1,6 +1,7 @@
 use serde_json::json;
 
 use super::*;
+use crate::loader_check::Loader;
 use crate::loader_check::testelf::{TestElf, old_libc};
 use crate::loader_check::testimage::{
     MemSource, TAR, TAR_GZIP, TAR_ZSTD, TarLayer, digest_of, gzip, zstd,
