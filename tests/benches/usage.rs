@@ -38,10 +38,43 @@ fn read_each(files: &[PathBuf], buf: &mut Vec<u8>) -> std::io::Result<()> {
 }
 
 /// 8 GPUs of 8 partitions each, whose gpu_ids are `ids` in order.
-fn snapshot(bdfs: &[String], ids: &[u64]) -> Snapshot {
-    let per = ids.len() / bdfs.len();
-    let gpus: Vec<GpuInfo> = bdfs
+fn snapshot(gpus: &[GpuInfo], ids: &[u64]) -> Snapshot {
+    let per = ids.len() / gpus.len();
+    let bdfs: Vec<&String> = gpus.iter().map(|g| &g.bdf).collect();
+    let partitions = bdfs
         .iter()
+        .enumerate()
+        .map(|(n, bdf)| {
+            let parts = ids[n * per..(n + 1) * per]
+                .iter()
+                .enumerate()
+                .map(|(i, &gpu_id)| PartitionInfo {
+                    index: u32::try_from(i).unwrap_or(0),
+                    kfd_node: 0,
+                    gpu_id,
+                    render_minor: 128,
+                    card_minor: -1,
+                    bdf: (*bdf).clone(),
+                    compute_units: 38,
+                    num_xcc: 1,
+                    vram_bytes: 24 << 30,
+                    xcp: -1,
+                    gpu: ipc::gpu_path(bdf),
+                    health: ipc::HEALTHY.into(),
+                    restore_props: BTreeMap::new(),
+                    restore_links: vec![],
+                    health_reason: String::new(),
+                })
+                .collect();
+            ((*bdf).clone(), parts)
+        })
+        .collect();
+    Snapshot::from_gpud(gpus, partitions, ipc::DmemBackend::default())
+}
+
+/// The node's 8 GPUs, at `bdfs`.
+fn gpus(bdfs: &[String]) -> Vec<GpuInfo> {
+    bdfs.iter()
         .enumerate()
         .map(|(n, bdf)| GpuInfo {
             bdf: bdf.clone(),
@@ -66,50 +99,16 @@ fn snapshot(bdfs: &[String], ids: &[u64]) -> Snapshot {
             links: vec![],
             partition_profiles: vec![],
         })
-        .collect();
-    let partitions = bdfs
-        .iter()
-        .enumerate()
-        .map(|(n, bdf)| {
-            let parts = ids[n * per..(n + 1) * per]
-                .iter()
-                .enumerate()
-                .map(|(i, &gpu_id)| PartitionInfo {
-                    index: u32::try_from(i).unwrap_or(0),
-                    kfd_node: 0,
-                    gpu_id,
-                    render_minor: 128,
-                    card_minor: -1,
-                    bdf: bdf.clone(),
-                    compute_units: 38,
-                    num_xcc: 1,
-                    vram_bytes: 24 << 30,
-                    xcp: -1,
-                    gpu: ipc::gpu_path(bdf),
-                    health: ipc::HEALTHY.into(),
-                    restore_props: BTreeMap::new(),
-                    restore_links: vec![],
-                    health_reason: String::new(),
-                })
-                .collect();
-            (bdf.clone(), parts)
-        })
-        .collect();
-    Snapshot {
-        gpus,
-        partitions,
-        connected: true,
-        ..Snapshot::default()
-    }
+        .collect()
 }
 
 /// Pod `i`: one container `c` granted 1 GiB and 38 CUs of the GPU its
 /// process uses, running with the runtime ID its cgroup names.
-fn pods(snapshot: &Snapshot, ids: &[u64]) -> anyhow::Result<Vec<Arc<Pod>>> {
-    let per = ids.len() / snapshot.gpus.len();
+fn pods(gpus: &[GpuInfo], ids: &[u64]) -> anyhow::Result<Vec<Arc<Pod>>> {
+    let per = ids.len() / gpus.len();
     (0..PODS)
         .map(|i| {
-            let gpu = &snapshot.gpus[(i % ids.len()) / per];
+            let gpu = &gpus[(i % ids.len()) / per];
             let id = &gpu.published_id;
             let value = serde_json::json!({
                 "metadata": {"name": format!("pod-{i}"), "namespace": "ml", "uid": uid(i),
@@ -150,8 +149,10 @@ fn main() -> anyhow::Result<()> {
     }
     anyhow::ensure!(reading.usage.containers.len() == PODS && reading.outside == 0);
     let (bdfs, ids) = (&targets.gpus, &targets.gpu_ids);
-    let snapshot = snapshot(bdfs, ids);
-    let (plugin, text) = time_plugin(&snapshot, ids, &reading.usage)?;
+    let gpus = gpus(bdfs);
+    let snapshot = snapshot(&gpus, ids);
+    let pods = pods(&gpus, ids)?;
+    let (plugin, text) = time_plugin(&snapshot, &pods, &reading.usage)?;
     let used = text
         .lines()
         .filter(|l| l.starts_with("hami_vgpu_memory_used_bytes{"))
@@ -178,10 +179,9 @@ fn main() -> anyhow::Result<()> {
 /// last `/metrics`.
 fn time_plugin(
     snapshot: &Snapshot,
-    ids: &[u64],
+    pods: &[Arc<Pod>],
     usage: &ipc::usage::Usage,
 ) -> anyhow::Result<(Samples, String)> {
-    let pods = pods(snapshot, ids)?;
     let metrics = Metrics::new();
     let mut plugin = Samples::new();
     let mut text = String::new();
@@ -191,7 +191,7 @@ fn time_plugin(
         metrics.observe_usage(&Inputs {
             node: "node-1",
             snapshot,
-            pods: &pods,
+            pods,
             usage: Some(usage),
         });
         text = metrics.encode()?;

@@ -95,11 +95,11 @@ fn the_published_id_survives_amd_smi_going_away() {
         let after: Vec<String> = kubelet.devices().iter().map(|d| d.id.clone()).collect();
         assert_eq!(after, before, "kubelet's devices keep their IDs");
         let table = plugin::inventory::DeviceTable::build(
-            &plugin::inventory::Snapshot {
-                gpus: vec![without.clone()],
-                connected: true,
-                ..Default::default()
-            },
+            &plugin::inventory::Snapshot::from_gpud(
+                std::slice::from_ref(&without),
+                Default::default(),
+                ipc::DmemBackend::default(),
+            ),
             0,
         );
         assert!(

@@ -47,7 +47,6 @@ use crate::{
     cu::CuBitmap,
     hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
     inventory::Snapshot,
-    inventory::gpu_id,
     kube::{CALL_TIMEOUT, Caches, Events},
     vram::{Owners, owners::PodRef},
 };
@@ -345,9 +344,7 @@ impl Allocator {
         let mut slices = Vec::with_capacity(entry.len());
         for device in entry {
             let gpu = snapshot
-                .gpus
-                .iter()
-                .find(|g| gpu_id(g) == device.uuid)
+                .device(&device.uuid)
                 .ok_or_else(|| AllocateError::GpuNotHere {
                     gpu: device.uuid.clone(),
                 })?;

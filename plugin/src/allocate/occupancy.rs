@@ -43,11 +43,11 @@ pub(crate) struct Totals {
 impl Totals {
     /// The GPUs of `snapshot`, under their current IDs.
     pub(crate) fn of(snapshot: &crate::inventory::Snapshot) -> Self {
-        let by_id = |value: fn(&ipc::types::GpuInfo) -> u32| {
+        let by_id = |value: fn(&crate::inventory::Device) -> u32| {
             snapshot
-                .gpus
+                .devices()
                 .iter()
-                .map(|g| (crate::inventory::gpu_id(g), value(g)))
+                .map(|g| (g.id.clone(), value(g)))
                 .collect()
         };
         Self {

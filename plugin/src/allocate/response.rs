@@ -6,7 +6,7 @@
 
 use std::{collections::HashMap, ops::Range, path::Path};
 
-use ipc::types::{GpuInfo, PartitionInfo};
+use ipc::types::PartitionInfo;
 use proto::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
 
 use super::{
@@ -17,6 +17,7 @@ use super::{
 use crate::{
     cu::{CuBitmap, CuError, GpuSlice, render_env, smallest_share},
     hami::ContainerDevice,
+    inventory::Device,
 };
 
 /// amd-gpud's CDI kind.
@@ -52,7 +53,7 @@ impl Slice {
 /// # Errors
 /// When the CUs cannot be had (the message says why and the smallest share).
 pub(crate) fn slice(
-    gpu: &GpuInfo,
+    gpu: &Device,
     parts: &[PartitionInfo],
     device: &ContainerDevice,
     maps: &mut HashMap<String, CuBitmap>,

@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use futures_util::StreamExt;
 use ipc::{
-    BUS_NAME,
+    BUS_NAME, DmemBackend, Health,
     proxy::NodeProxy,
     types::{GpuInfo, PartitionInfo},
 };
@@ -26,7 +26,7 @@ use super::{
     bus::{Bus, SessionError, connect},
     reach::{Reach, Unreachable},
 };
-use crate::inventory::{Snapshot, gpu_id};
+use crate::inventory::{Device, Snapshot};
 
 /// How long one whole read of the inventory may take. amd-gpud serves it
 /// from memory (milliseconds for 64 partitions); a read that takes longer
@@ -238,16 +238,13 @@ async fn read_within(
 ) -> Result<Snapshot, SessionError> {
     let read = async {
         let (gpus, partitions) = read_all(conn, node).await?;
-        let dmem_backend = node.dmem_backend().await.unwrap_or_else(|err| {
-            format!("off: amd-gpud does not report its VRAM cap backend ({err})")
-        });
-        Ok(Snapshot {
-            gpus,
-            partitions,
-            connected: true,
-            dmem_backend,
-            parents: BTreeMap::new(),
-        })
+        let dmem = node.dmem_backend().await.map_or_else(
+            |err| DmemBackend::Off {
+                reason: format!("amd-gpud does not report its VRAM cap backend ({err})"),
+            },
+            |backend| DmemBackend::from_wire(&backend),
+        );
+        Ok(Snapshot::from_gpud(&gpus, partitions, dmem))
     };
     tokio::time::timeout(limit, read)
         .await
@@ -263,17 +260,15 @@ pub(crate) const VANISHED_REASON: &str = "amd-gpud no longer lists it (it restar
 /// without this the GPU's devices would silently leave kubelet's list and
 /// HAMi's annotation instead of staying there unhealthy.
 fn keep_vanished(previous: &Snapshot, fresh: &mut Snapshot) {
-    let listed: std::collections::HashSet<String> = fresh.gpus.iter().map(gpu_id).collect();
     // A GPU whose PCI address now holds another one is gone for good.
     let gone =
-        |g: &&GpuInfo| !listed.contains(&gpu_id(g)) && !fresh.partitions.contains_key(&g.bdf);
-    let vanished: Vec<&GpuInfo> = previous.gpus.iter().filter(gone).collect();
-    let kept = !vanished.is_empty();
-    for gpu in vanished {
-        let mut gpu = gpu.clone();
-        if gpu.health != ipc::MISSING {
-            warn!(gpu = %gpu_id(&gpu), bdf = %gpu.bdf, "{VANISHED_REASON}");
-            gpu.health = ipc::MISSING.to_owned();
+        |g: &&Device| fresh.device(&g.id).is_none() && !fresh.partitions.contains_key(&g.bdf);
+    let vanished: Vec<Device> = previous.devices().iter().filter(gone).cloned().collect();
+    let mut kept = Vec::with_capacity(vanished.len());
+    for mut gpu in vanished {
+        if gpu.health != Health::Missing {
+            warn!(gpu = %gpu.id, bdf = %gpu.bdf, "{VANISHED_REASON}");
+            gpu.health = Health::Missing;
             gpu.health_reason = VANISHED_REASON.to_owned();
         }
         let parts = previous
@@ -282,16 +277,14 @@ fn keep_vanished(previous: &Snapshot, fresh: &mut Snapshot) {
             .cloned()
             .unwrap_or_default();
         let parts = parts.into_iter().map(|mut p| {
-            p.health = ipc::MISSING.to_owned();
+            p.health = Health::Missing.as_str().to_owned();
             p.health_reason = VANISHED_REASON.to_owned();
             p
         });
         fresh.partitions.insert(gpu.bdf.clone(), parts.collect());
-        fresh.gpus.push(gpu);
+        kept.push(gpu);
     }
-    if kept {
-        fresh.gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
-    }
+    fresh.add(kept);
 }
 
 type Inventory = (Vec<GpuInfo>, BTreeMap<String, Vec<PartitionInfo>>);
@@ -318,12 +311,7 @@ mod tests {
 
     fn snapshot(gpus: Vec<GpuInfo>) -> Snapshot {
         let partitions = gpus.iter().map(|g| (g.bdf.clone(), Vec::new())).collect();
-        Snapshot {
-            gpus,
-            partitions,
-            connected: true,
-            ..Snapshot::default()
-        }
+        Snapshot::from_gpud(&gpus, partitions, DmemBackend::default())
     }
 
     #[test]
@@ -334,12 +322,12 @@ mod tests {
         ]);
         let mut fresh = snapshot(vec![mi300x("0000:15:00.0", "GPU-b")]);
         keep_vanished(&before, &mut fresh);
-        let bdfs: Vec<&str> = fresh.gpus.iter().map(|g| g.bdf.as_str()).collect();
+        let bdfs: Vec<&str> = fresh.devices().iter().map(|g| g.bdf.as_str()).collect();
         assert_eq!(bdfs, ["0000:05:00.0", "0000:15:00.0"], "kept, in PCI order");
-        assert_eq!(fresh.gpus[0].health, ipc::MISSING);
-        assert_eq!(fresh.gpus[0].health_reason, VANISHED_REASON);
+        assert_eq!(fresh.devices()[0].health, Health::Missing);
+        assert_eq!(fresh.devices()[0].health_reason, VANISHED_REASON);
         assert!(fresh.partitions.contains_key("0000:05:00.0"));
-        assert_eq!(fresh.gpus[1].health, ipc::HEALTHY);
+        assert_eq!(fresh.devices()[1].health, Health::Healthy);
         // Still missing on the next read; back when amd-gpud lists it again.
         let mut next = snapshot(vec![mi300x("0000:15:00.0", "GPU-b")]);
         keep_vanished(&fresh, &mut next);
@@ -349,7 +337,7 @@ mod tests {
             mi300x("0000:15:00.0", "GPU-b"),
         ]);
         keep_vanished(&next, &mut back);
-        assert!(back.gpus.iter().all(|g| g.health == ipc::HEALTHY));
+        assert!(back.devices().iter().all(|g| g.health == Health::Healthy));
     }
 
     #[test]
@@ -357,7 +345,7 @@ mod tests {
         let before = snapshot(vec![mi300x("0000:05:00.0", "GPU-a")]);
         let mut fresh = snapshot(vec![mi300x("0000:05:00.0", "GPU-c")]);
         keep_vanished(&before, &mut fresh);
-        assert_eq!(fresh.gpus.len(), 1);
-        assert_eq!(fresh.gpus[0].rocr_uuid, "GPU-c");
+        assert_eq!(fresh.devices().len(), 1);
+        assert_eq!(fresh.devices()[0].rocr_uuid, "GPU-c");
     }
 }

@@ -8,13 +8,16 @@
 //! reported it too), a healthy one is not. Events are sent in the background
 //! (see [`Events`]), never on the Allocate path.
 
-use std::{collections::BTreeMap, future::Future};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+};
 
-use ipc::types::GpuInfo;
+use ipc::Health;
 use tokio::sync::watch;
 use tracing::info;
 
-use super::{Snapshot, gpu_id};
+use super::{Device, Snapshot};
 use crate::kube::{Caches, Events, Regarding};
 
 /// The Event reasons.
@@ -41,31 +44,31 @@ impl Transition {
 }
 
 /// GPU id and health by PCI address, as last reported.
-pub(crate) type Known = BTreeMap<String, (String, String)>;
+pub(crate) type Known = BTreeMap<String, (String, Health)>;
 
 /// The transitions from `known` to `gpus`, and `known` updated. A GPU that
 /// is no longer listed at all is reported missing, once (the followed
 /// snapshot keeps the GPUs a restarted amd-gpud forgot, see
 /// `gpud::client::keep_vanished`; this covers one replaced at its PCI address).
-pub(crate) fn transitions(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
+pub(crate) fn transitions(known: &mut Known, gpus: &[Device]) -> Vec<Transition> {
     let mut out = vanished(known, gpus);
     for gpu in gpus {
-        let (id, bdf) = (gpu_id(gpu), gpu.bdf.clone());
+        let (id, bdf) = (gpu.id.clone(), gpu.bdf.clone());
         let before = known
             .insert(bdf.clone(), (id.clone(), gpu.health.clone()))
             .map(|(_, health)| health);
-        if before.as_deref() == Some(gpu.health.as_str()) {
+        if before.as_ref() == Some(&gpu.health) {
             continue;
         }
         let why = |what: &str| match gpu.health_reason.as_str() {
             "" => format!("GPU {id} (PCI {bdf}) is {what}"),
             reason => format!("GPU {id} (PCI {bdf}) is {what}: {reason}"),
         };
-        let (reason, note) = match gpu.health.as_str() {
-            ipc::HEALTHY if before.is_none() => continue,
-            ipc::HEALTHY => (RECOVERED, format!("GPU {id} (PCI {bdf}) is healthy again")),
-            ipc::MISSING => (MISSING, why("missing")),
-            _ => (UNHEALTHY, why("unhealthy")),
+        let (reason, note) = match gpu.health {
+            Health::Healthy if before.is_none() => continue,
+            Health::Healthy => (RECOVERED, format!("GPU {id} (PCI {bdf}) is healthy again")),
+            Health::Missing => (MISSING, why("missing")),
+            Health::Unhealthy | Health::Other(_) => (UNHEALTHY, why("unhealthy")),
         };
         out.push(Transition {
             reason,
@@ -77,18 +80,19 @@ pub(crate) fn transitions(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition
     out
 }
 
-fn vanished(known: &mut Known, gpus: &[GpuInfo]) -> Vec<Transition> {
+fn vanished(known: &mut Known, gpus: &[Device]) -> Vec<Transition> {
+    let listed: BTreeSet<&str> = gpus.iter().map(|g| g.bdf.as_str()).collect();
     let gone: Vec<String> = known
         .keys()
-        .filter(|bdf| !gpus.iter().any(|g| &g.bdf == *bdf))
+        .filter(|bdf| !listed.contains(bdf.as_str()))
         .cloned()
         .collect();
     gone.into_iter()
         .filter_map(|bdf| {
             let (id, health) = known.get_mut(&bdf)?;
-            let was = std::mem::replace(health, ipc::MISSING.to_owned());
+            let was = std::mem::replace(health, Health::Missing);
             let id = id.clone();
-            (was != ipc::MISSING).then(|| Transition {
+            (was != Health::Missing).then(|| Transition {
                 reason: MISSING,
                 note: format!("GPU {id} (PCI {bdf}) is missing: amd-gpud no longer lists it"),
                 gpu: id,
@@ -109,7 +113,7 @@ pub(crate) async fn follow(
     let mut known = Known::new();
     tokio::pin!(shutdown);
     loop {
-        let gpus = snapshots.borrow_and_update().gpus.clone();
+        let gpus = snapshots.borrow_and_update().devices().to_vec();
         let found = transitions(&mut known, &gpus);
         if !found.is_empty() {
             let regarding = Regarding::node_of(&caches);
@@ -133,11 +137,11 @@ pub(crate) async fn follow(
 mod tests {
     use super::*;
 
-    fn gpu(bdf: &str, health: &str, reason: &str) -> GpuInfo {
+    fn gpu(bdf: &str, health: &str, reason: &str) -> Device {
         let mut gpu = crate::testutil::mi300x(bdf, &format!("GPU-00000000000000{}", &bdf[5..7]));
         (gpu.market_name, gpu.vram_bytes, gpu.numa_node) = (String::new(), 1 << 30, -1);
         (gpu.health, gpu.health_reason) = (health.into(), reason.into());
-        gpu
+        Device::whole(&gpu)
     }
 
     fn reasons(t: &[Transition]) -> Vec<(&str, &str)> {

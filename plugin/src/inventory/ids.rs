@@ -16,9 +16,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use ipc::types::GpuInfo;
-
-use super::{Snapshot, gpu_id};
+use super::{Device, Snapshot, device::bdf_id};
 use crate::hami::ContainerDevice;
 
 /// Why an ID names no single device.
@@ -46,11 +44,11 @@ impl Aliases {
     /// HAMi see: partitions replace their GPU in partition mode).
     pub(crate) fn of(snapshot: &Snapshot) -> Self {
         let mut aliases = Self::default();
-        for device in &snapshot.gpus {
-            let id = gpu_id(device);
-            aliases.current.insert(id.clone());
-            for other in older_names(device, snapshot.is_partition(&device.bdf)) {
-                aliases.others.entry(other).or_default().insert(id.clone());
+        for device in snapshot.devices() {
+            aliases.current.insert(device.id.clone());
+            for other in older_names(device) {
+                let ids = aliases.others.entry(other).or_default();
+                ids.insert(device.id.clone());
             }
         }
         aliases
@@ -108,21 +106,19 @@ pub(crate) fn rename_current(
 }
 
 /// The names `device` may have been published under before.
-fn older_names(device: &GpuInfo, partition: bool) -> Vec<String> {
-    let mut names = vec![format!("amdgpu-{}", device.bdf.replace([':', '.'], "-"))];
+fn older_names(device: &Device) -> Vec<String> {
+    let mut names = vec![bdf_id(&device.bdf)];
     let mut push = |s: &str| {
         if !s.is_empty() {
             names.push(s.to_owned());
         }
     };
-    if partition {
+    if device.is_partition() {
         // A partition device carries its parent's unique_id; the Go
         // plugin's partition IDs are built from it and the mode.
         if let Some(rocr) = rocr_uuid(&device.unique_id) {
-            for mode in [
-                device.compute_partition.to_ascii_lowercase(),
-                device.compute_partition.to_ascii_uppercase(),
-            ] {
+            let mode = device.compute_mode_str();
+            for mode in [mode.to_ascii_lowercase(), mode.to_ascii_uppercase()] {
                 push(&format!("{rocr}#{mode}"));
             }
             push(&rocr);

@@ -14,10 +14,10 @@
 
 use std::str::FromStr;
 
-use ipc::types::GpuInfo;
+use ipc::Health;
 use tokio::sync::watch;
 
-use super::{Snapshot, gpu_id};
+use super::{Device, Snapshot};
 
 /// The node annotation that chooses the operating mode (it wins over the flag).
 pub(crate) const MODE_ANNOTATION: &str = "hami.io/amd-operating-mode";
@@ -57,66 +57,37 @@ pub(crate) fn resolve(annotation: Option<&str>, flag: OperatingMode) -> Operatin
     }
 }
 
-/// The id of partition `index` of `gpu` in `mode` (`CPX` ...).
-pub(crate) fn partition_id(gpu: &GpuInfo, mode: &str, index: u32) -> String {
-    format!("{}-{}{index}", gpu_id(gpu), mode.to_ascii_lowercase())
-}
-
 /// `snapshot` as the scheduler sees it in `mode`.
 pub(crate) fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
     if mode == OperatingMode::Cu {
         return snapshot.clone();
     }
-    let mut out = Snapshot {
-        gpus: Vec::new(),
-        partitions: std::collections::BTreeMap::new(),
-        ..snapshot.clone()
-    };
-    for gpu in &snapshot.gpus {
-        let parts: Vec<_> = snapshot
-            .partitions
-            .get(&gpu.bdf)
+    let mut devices = Vec::new();
+    let mut partitions = std::collections::BTreeMap::new();
+    for gpu in snapshot.devices() {
+        let listed = snapshot.partitions.get(&gpu.bdf);
+        let parts: Vec<_> = listed
             .into_iter()
             .flatten()
-            .filter(|p| p.health != ipc::MISSING)
+            .filter(|p| p.health_status() != Health::Missing)
             .collect();
-        if gpu.compute_partition.is_empty() || parts.is_empty() {
-            out.partitions.insert(
-                gpu.bdf.clone(),
-                snapshot
-                    .partitions
-                    .get(&gpu.bdf)
-                    .cloned()
-                    .unwrap_or_default(),
-            );
-            out.gpus.push(gpu.clone());
+        let Some(gpu_mode) = gpu.compute_mode.as_ref().filter(|_| !parts.is_empty()) else {
+            partitions.insert(gpu.bdf.clone(), listed.cloned().unwrap_or_default());
+            devices.push(gpu.clone());
             continue;
-        }
-        let listed = snapshot.partitions.get(&gpu.bdf).map_or(0, Vec::len);
-        let count = partitions_of_mode(gpu, listed);
+        };
+        let count = partitions_of_mode(gpu, listed.map_or(0, Vec::len));
         for part in parts {
-            let device = GpuInfo {
-                bdf: part.bdf.clone(),
-                rocr_uuid: String::new(),
-                amdsmi_uuid: partition_id(gpu, &gpu.compute_partition, part.index),
-                published_id: partition_id(gpu, &gpu.compute_partition, part.index),
-                compute_units: gpu.compute_units / count,
-                vram_bytes: gpu.vram_bytes / u64::from(count),
-                health: if part.health == ipc::HEALTHY {
-                    gpu.health.clone()
-                } else {
-                    part.health.clone()
-                },
-                partitions: vec![],
-                links: vec![],
-                ..gpu.clone()
-            };
-            out.parents.insert(part.bdf.clone(), gpu.bdf.clone());
-            out.partitions.insert(part.bdf.clone(), vec![part.clone()]);
-            out.gpus.push(device);
+            partitions.insert(part.bdf.clone(), vec![part.clone()]);
+            devices.push(Device::partition(gpu, gpu_mode, part, count));
         }
     }
-    out
+    Snapshot::new(
+        devices,
+        partitions,
+        snapshot.connected,
+        snapshot.dmem.clone(),
+    )
 }
 
 /// How many partitions `gpu`'s current compute mode makes: from its profile
@@ -124,13 +95,10 @@ pub(crate) fn view(snapshot: &Snapshot, mode: OperatingMode) -> Snapshot {
 /// (missing ones included). Shares are the whole GPU divided by this, so a
 /// partition that vanished never makes its siblings advertise more than
 /// they have: under-commit, never over-commit.
-fn partitions_of_mode(gpu: &GpuInfo, listed: usize) -> u32 {
+fn partitions_of_mode(gpu: &Device, listed: usize) -> u32 {
     gpu.partition_profiles
         .iter()
-        .find(|p| {
-            p.compute_partition
-                .eq_ignore_ascii_case(&gpu.compute_partition)
-        })
+        .find(|p| p.compute_mode().is(gpu.compute_mode_str()))
         .map(|p| p.partitions)
         .filter(|&n| n > 0)
         .unwrap_or_else(|| u32::try_from(listed).unwrap_or(u32::MAX))

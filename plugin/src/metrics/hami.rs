@@ -31,7 +31,7 @@ use std::{
     sync::{Arc, atomic::AtomicU64},
 };
 
-use ipc::{types::GpuInfo, usage::Usage};
+use ipc::usage::Usage;
 use k8s_openapi::api::core::v1::Pod;
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -42,7 +42,8 @@ use prometheus_client::{
 use self::join::Devices;
 use super::usage::live;
 use crate::{
-    hami::register::DeviceInfo, inventory::Snapshot, inventory::gpu_id,
+    hami::register::DeviceInfo,
+    inventory::{Device, Snapshot},
     register::entries::product_name,
 };
 
@@ -199,15 +200,15 @@ impl HamiMetrics {
     }
 
     fn observe_gpus(&self, inputs: &Inputs<'_>, usage: &Usage) {
-        let by_bdf: HashMap<&str, &GpuInfo> = inputs
+        let by_bdf: HashMap<&str, &Device> = inputs
             .snapshot
-            .gpus
+            .devices()
             .iter()
             .map(|g| (g.bdf.as_str(), g))
             .collect();
         for (index, used) in usage.gpus.iter().enumerate() {
             let gpu = by_bdf.get(used.bdf.as_str());
-            let uuid = gpu.map_or_else(|| used.bdf.clone(), |g| gpu_id(g));
+            let uuid = gpu.map_or_else(|| used.bdf.clone(), |g| g.id.clone());
             let labels = HostLabels {
                 node: inputs.node.to_owned(),
                 device_index: index.to_string(),

@@ -32,6 +32,7 @@ use std::{
 };
 
 pub(crate) use exporter::NodeExporter;
+use ipc::Health;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -41,10 +42,7 @@ pub(crate) use server::Exporter;
 pub(crate) use usage::usage;
 pub use usage::{GpuUsage, Usage};
 
-use crate::{
-    inventory::Snapshot,
-    inventory::{gpu_id, slots_of},
-};
+use crate::{inventory::Snapshot, inventory::slots_of};
 
 /// Labels of the per-GPU series.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -103,7 +101,7 @@ impl LandlockStatus {
 }
 
 /// Health states a GPU can show.
-const STATES: [&str; 3] = [ipc::HEALTHY, ipc::UNHEALTHY, ipc::MISSING];
+const STATES: [Health; 3] = [Health::Healthy, Health::Unhealthy, Health::Missing];
 
 /// Seconds: 1 ms to ~4 s, doubling. Allocate answers from caches in well
 /// under a millisecond plus one or two API writes.
@@ -300,19 +298,19 @@ impl Metrics {
             family.clear();
         }
         self.gpu_health.clear();
-        for gpu in &snapshot.gpus {
-            let id = gpu_id(gpu);
+        for gpu in snapshot.devices() {
+            let id = gpu.id.clone();
             let labels = GpuLabels {
                 gpu: id.clone(),
                 pci_bdf: gpu.bdf.clone(),
             };
-            for state in STATES {
+            for state in &STATES {
                 let health = HealthLabels {
                     gpu: id.clone(),
                     pci_bdf: gpu.bdf.clone(),
-                    state: state.to_owned(),
+                    state: state.as_str().to_owned(),
                 };
-                let current = gpu.health == state;
+                let current = gpu.health == *state;
                 self.gpu_health
                     .get_or_create(&health)
                     .set(i64::from(current));

@@ -24,14 +24,11 @@ fn every_series_is_exposed() {
     m.record_allocate(Duration::from_millis(40), Err("unknown_gpu"));
     m.set_kubelet_registered(true);
     m.set_apiserver_connected(true);
-    let snapshot = Snapshot {
-        gpus: vec![
-            gpu("0000:05:00.0", ipc::HEALTHY),
-            gpu("0000:15:00.0", ipc::MISSING),
-        ],
-        connected: true,
-        ..Snapshot::default()
-    };
+    let gpus = [
+        gpu("0000:05:00.0", ipc::HEALTHY),
+        gpu("0000:15:00.0", ipc::MISSING),
+    ];
+    let snapshot = Snapshot::from_gpud(&gpus, Default::default(), Default::default());
     let mut usage = Usage::new();
     usage.insert(
         "GPU-0000000000000005".into(),

@@ -18,7 +18,6 @@ use crate::{
     gpud::{Bus, SessionError, connect},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
     inventory::Snapshot,
-    inventory::gpu_id,
     inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
     vram::{PodResourcesError, owners::list_pod_resources},
@@ -160,17 +159,14 @@ pub(crate) async fn switch_idle_gpus(
         return;
     }
     let held = trusted(&sources, &target).await;
-    let gpus = raw.borrow().gpus.clone();
+    let gpus = raw.borrow().devices().to_vec();
     for gpu in gpus {
-        let offered = gpu
-            .available_compute_partitions
-            .iter()
-            .any(|m| m.eq_ignore_ascii_case(&target));
-        let missing = gpu.health == ipc::MISSING;
-        if missing || !offered || gpu.compute_partition.eq_ignore_ascii_case(&target) {
+        let offered = gpu.available_compute_modes.iter().any(|m| m.is(&target));
+        let missing = gpu.health == ipc::Health::Missing;
+        if missing || !offered || gpu.compute_mode_str().eq_ignore_ascii_case(&target) {
             continue;
         }
-        let busy = held.on(&gpu_id(&gpu));
+        let busy = held.on(&gpu.id);
         match call(&bus, &gpu.bdf, &target, busy).await {
             Ok(generation) => {
                 info!(gpu = %gpu.bdf, mode = %target, generation, "compute partition switched")

@@ -8,12 +8,9 @@
 //! wants differs from what the node carries (watch-fed), and on a graceful
 //! stop it republishes every device with `health: false`.
 
-use ipc::types::GpuInfo;
-
 use crate::{
     hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
-    inventory::Snapshot,
-    inventory::{gpu_id, slots_of},
+    inventory::{Device, Snapshot, slots_of},
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -24,16 +21,16 @@ pub(crate) const GPU_BDF: &str = "gpuBDF";
 
 /// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
 /// graceful stop).
-pub(crate) fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> DeviceInfo {
+pub(crate) fn device_info(gpu: &Device, split_count: u32, healthy: bool) -> DeviceInfo {
     let count = slots_of(gpu, split_count);
     let mut info = DeviceInfo {
-        id: gpu_id(gpu),
+        id: gpu.id.clone(),
         count: i32::try_from(count).unwrap_or(i32::MAX),
         devmem: i32::try_from(gpu.vram_bytes / MIB).unwrap_or(i32::MAX),
         devcore: i32::try_from(gpu.compute_units).unwrap_or(i32::MAX),
         device_type: DeviceInfo::product_type(&product_name(gpu)),
         numa: i64::from(gpu.numa_node),
-        health: healthy && gpu.health == ipc::HEALTHY,
+        health: healthy && gpu.health.is_healthy(),
         devicevendor: DEVICE_VENDOR.to_owned(),
         ..DeviceInfo::default()
     };
@@ -44,17 +41,17 @@ pub(crate) fn device_info(gpu: &GpuInfo, split_count: u32, healthy: bool) -> Dev
 /// `custominfo.partitionProfile`: the current profile (e.g. `cpx_nps1`), as
 /// newer upstream's Go plugin sends it, for GPUs with compute partitions. The
 /// menu of profiles is a fact of the physical GPU, in [`super::gpus`].
-fn add_current_profile(info: &mut DeviceInfo, gpu: &GpuInfo) {
-    if gpu.partition_profiles.is_empty()
-        || gpu.compute_partition.is_empty()
-        || gpu.memory_partition.is_empty()
-    {
+fn add_current_profile(info: &mut DeviceInfo, gpu: &Device) {
+    let (Some(compute), Some(memory)) = (&gpu.compute_mode, &gpu.memory_mode) else {
+        return;
+    };
+    if gpu.partition_profiles.is_empty() {
         return;
     }
     let current = format!(
         "{}_{}",
-        gpu.compute_partition.to_ascii_lowercase(),
-        gpu.memory_partition.to_ascii_lowercase()
+        compute.as_str().to_ascii_lowercase(),
+        memory.as_str().to_ascii_lowercase()
     );
     info.custominfo
         .extra
@@ -63,7 +60,7 @@ fn add_current_profile(info: &mut DeviceInfo, gpu: &GpuInfo) {
 
 /// The market name, or `AMD <gfx>` when AMD SMI did not give one (HAMi wants
 /// a type that starts with `AMD`).
-pub(crate) fn product_name(gpu: &GpuInfo) -> String {
+pub(crate) fn product_name(gpu: &Device) -> String {
     match (gpu.market_name.is_empty(), gpu.gfx.is_empty()) {
         (false, _) => gpu.market_name.clone(),
         (true, false) => format!("AMD {}", gpu.gfx),
@@ -82,18 +79,18 @@ pub(crate) fn annotation(
     healthy: bool,
 ) -> Result<String, HamiError> {
     let devices: Vec<DeviceInfo> = snapshot
-        .gpus
+        .devices()
         .iter()
         .map(|gpu| {
             let mut info = device_info(gpu, split_count, healthy);
-            if snapshot.is_partition(&gpu.bdf) {
+            if gpu.is_partition() {
                 // A compute partition, allocated whole; never `mig`. Its
                 // GPU's address joins it to the GPU's facts.
                 info.count = 1;
-                info.mode = gpu.compute_partition.to_ascii_lowercase();
+                info.mode = gpu.compute_mode_str().to_ascii_lowercase();
                 info.custominfo
                     .extra
-                    .insert(GPU_BDF.to_owned(), snapshot.physical_bdf(&gpu.bdf).into());
+                    .insert(GPU_BDF.to_owned(), gpu.physical_bdf().into());
             }
             info.index = card_minor(snapshot, gpu);
             add_rocr_selection(&mut info, gpu);
@@ -108,7 +105,7 @@ pub(crate) fn annotation(
 /// AMD plugin publishes it; HAMi uses it as a metrics label and a
 /// tie-break. The first partition's for a whole GPU, the partition's own
 /// for a partition device; 0 (omitted) when there is no card node.
-fn card_minor(snapshot: &Snapshot, gpu: &GpuInfo) -> u32 {
+fn card_minor(snapshot: &Snapshot, gpu: &Device) -> u32 {
     snapshot
         .partitions
         .get(&gpu.bdf)
@@ -123,7 +120,7 @@ fn card_minor(snapshot: &Snapshot, gpu: &GpuInfo) -> u32 {
 /// compute partition): then every GPU of that container is selected by its
 /// container-local index, its rank among the container's GPUs in KFD
 /// order, since ROCr stops at the first token it cannot parse.
-fn add_rocr_selection(info: &mut DeviceInfo, gpu: &GpuInfo) {
+fn add_rocr_selection(info: &mut DeviceInfo, gpu: &Device) {
     let uuid = gpu.rocr_uuid.as_str();
     let shown = if crate::cu::env::is_rocr_uuid(uuid) {
         uuid
@@ -143,6 +140,10 @@ pub(crate) fn needs_write(wanted: &str, on_node: Option<&str>) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use ipc::{DmemBackend, types::GpuInfo};
+
     use super::*;
     use crate::hami::parse_register;
 
@@ -174,16 +175,11 @@ mod tests {
 
     #[test]
     fn one_device_info_per_gpu_as_hami_reads_it() {
-        let snapshot = Snapshot {
-            gpus: vec![
-                gpu("0000:05:00.0", "gfx942", "Healthy"),
-                gpu("0000:15:00.0", "gfx1201", "Missing"),
-            ],
-            partitions: Default::default(),
-            connected: true,
-            dmem_backend: "on".into(),
-            parents: std::collections::BTreeMap::new(),
-        };
+        let gpus = [
+            gpu("0000:05:00.0", "gfx942", "Healthy"),
+            gpu("0000:15:00.0", "gfx1201", "Missing"),
+        ];
+        let snapshot = Snapshot::from_gpud(&gpus, BTreeMap::new(), DmemBackend::On);
         let value = annotation(&snapshot, 0, true).unwrap();
         let parsed = parse_register(&value).unwrap();
         assert_eq!(parsed.len(), 2);
@@ -198,6 +194,7 @@ mod tests {
         assert!(!parsed[1].health, "anything but Healthy is unhealthy");
         let mut nameless = gpu("0000:25:00.0", "gfx942", "Healthy");
         nameless.market_name.clear();
+        let nameless = Device::whole(&nameless);
         assert_eq!(device_info(&nameless, 0, true).device_type, "AMD gfx942");
         assert_eq!(parsed[0].custominfo.pci_bdf, "0000:05:00.0");
         let stopping = parse_register(&annotation(&snapshot, 4, false).unwrap()).unwrap();
@@ -209,24 +206,21 @@ mod tests {
     #[test]
     fn index_is_the_drm_card_minor() {
         let partition = crate::testutil::partition;
-        let snapshot = Snapshot {
-            gpus: vec![
-                gpu("0000:05:00.0", "gfx942", "Healthy"),
-                gpu("0000:15:00.0", "gfx942", "Healthy"),
-            ],
-            partitions: std::collections::BTreeMap::from([
-                (
-                    "0000:05:00.0".to_owned(),
-                    vec![partition("0000:05:00.0", 0, 3)],
-                ),
-                (
-                    "0000:15:00.0".to_owned(),
-                    vec![partition("0000:15:00.0", 0, -1)],
-                ),
-            ]),
-            connected: true,
-            ..Snapshot::default()
-        };
+        let gpus = [
+            gpu("0000:05:00.0", "gfx942", "Healthy"),
+            gpu("0000:15:00.0", "gfx942", "Healthy"),
+        ];
+        let partitions = BTreeMap::from([
+            (
+                "0000:05:00.0".to_owned(),
+                vec![partition("0000:05:00.0", 0, 3)],
+            ),
+            (
+                "0000:15:00.0".to_owned(),
+                vec![partition("0000:15:00.0", 0, -1)],
+            ),
+        ]);
+        let snapshot = Snapshot::from_gpud(&gpus, partitions, DmemBackend::default());
         let value = annotation(&snapshot, 0, true).unwrap();
         let parsed = parse_register(&value).unwrap();
         assert_eq!((parsed[0].index, parsed[1].index), (3, 0));
@@ -256,12 +250,8 @@ mod tests {
                 p
             })
             .collect();
-        let raw = Snapshot {
-            gpus: vec![whole],
-            partitions: [("0000:05:00.0".to_owned(), parts)].into(),
-            connected: true,
-            ..Snapshot::default()
-        };
+        let partitions = [("0000:05:00.0".to_owned(), parts)].into();
+        let raw = Snapshot::from_gpud(&[whole], partitions, DmemBackend::default());
         let snapshot = crate::inventory::partition::view(
             &raw,
             crate::inventory::partition::OperatingMode::Partition,

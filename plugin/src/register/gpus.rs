@@ -17,10 +17,9 @@
 
 use std::collections::BTreeMap;
 
-use ipc::types::GpuInfo;
 use serde_json::{Map, Value, json};
 
-use crate::inventory::Snapshot;
+use crate::inventory::{Device, Snapshot};
 
 /// The node annotation with each physical GPU's facts.
 pub(crate) const GPUS_KEY: &str = "hami.io/node-amd-gpus";
@@ -29,8 +28,8 @@ pub(crate) const GPUS_KEY: &str = "hami.io/node-amd-gpus";
 /// least one fact, from the first of its devices (siblings share them).
 pub(crate) fn gpus_annotation(snapshot: &Snapshot) -> String {
     let mut gpus: BTreeMap<&str, Value> = BTreeMap::new();
-    for gpu in &snapshot.gpus {
-        let physical = snapshot.physical_bdf(&gpu.bdf);
+    for gpu in snapshot.devices() {
+        let physical = gpu.physical_bdf();
         if gpus.contains_key(physical) {
             continue;
         }
@@ -53,7 +52,7 @@ pub(crate) fn gpus_annotation(snapshot: &Snapshot) -> String {
 /// `profileIndex`, the partition type, the memory modes it works with, how
 /// many partitions it makes and the XCCs of each. `None` for a GPU without
 /// compute partitions.
-fn profile_menu(gpu: &GpuInfo) -> Option<Value> {
+fn profile_menu(gpu: &Device) -> Option<Value> {
     if gpu.partition_profiles.is_empty() {
         return None;
     }
@@ -62,13 +61,13 @@ fn profile_menu(gpu: &GpuInfo) -> Option<Value> {
         .iter()
         .map(|p| {
             let caps: Vec<String> = p
-                .memory_partitions
+                .memory_modes()
                 .iter()
-                .map(|m| m.to_ascii_lowercase())
+                .map(|m| m.as_str().to_ascii_lowercase())
                 .collect();
             json!({
                 "profileIndex": p.index,
-                "partitionType": p.compute_partition.to_ascii_lowercase(),
+                "partitionType": p.compute_mode().as_str().to_ascii_lowercase(),
                 "memoryCaps": caps,
                 "partitionCount": p.partitions.max(1),
                 "xccPerPartition": p.xcc_per_partition,
@@ -85,7 +84,7 @@ const NOT_COMPARED: [&str; 3] = ["domain", "drm_render_minor", "hive_id"];
 /// `criu`: the restore properties of the device's first partition (its
 /// partitions share them), non-zero ones only, so that a controller can
 /// pre-select nodes for a checkpoint without asking amd-gpud on each.
-fn restore_props(snapshot: &Snapshot, gpu: &GpuInfo) -> Option<Value> {
+fn restore_props(snapshot: &Snapshot, gpu: &Device) -> Option<Value> {
     let first = snapshot.partitions.get(&gpu.bdf)?.first()?;
     let props: Map<String, Value> = first
         .restore_props
@@ -98,7 +97,7 @@ fn restore_props(snapshot: &Snapshot, gpu: &GpuInfo) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
-    use ipc::types::PartitionProfile;
+    use ipc::{DmemBackend, types::PartitionProfile};
 
     use super::*;
     use crate::{
@@ -143,19 +142,14 @@ mod tests {
             gpus.push(gpu);
         }
         gpus.push(mi300x("0000:25:00.0", "GPU-25"));
-        let raw = Snapshot {
-            gpus,
-            partitions,
-            connected: true,
-            ..Snapshot::default()
-        };
+        let raw = Snapshot::from_gpud(&gpus, partitions, DmemBackend::default());
         view(&raw, OperatingMode::Partition)
     }
 
     #[test]
     fn one_entry_per_physical_gpu_with_the_menu_and_criu() {
         let snapshot = cpx_node();
-        assert_eq!(snapshot.gpus.len(), 17);
+        assert_eq!(snapshot.devices().len(), 17);
         let value: Value = serde_json::from_str(&gpus_annotation(&snapshot)).unwrap();
         let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["0000:05:00.0", "0000:15:00.0"], "{value}");
@@ -174,10 +168,8 @@ mod tests {
 
     #[test]
     fn a_node_without_facts_publishes_an_empty_object() {
-        let snapshot = Snapshot {
-            gpus: vec![mi300x("0000:05:00.0", "GPU-05")],
-            ..Snapshot::default()
-        };
+        let gpus = [mi300x("0000:05:00.0", "GPU-05")];
+        let snapshot = Snapshot::from_gpud(&gpus, BTreeMap::new(), DmemBackend::default());
         assert_eq!(gpus_annotation(&snapshot), "{}");
     }
 }

@@ -76,7 +76,7 @@ async fn read_node(nodes: &Api<Node>, name: &str) -> Option<std::sync::Arc<Node>
 
 /// Patches the node when the wanted value differs from the cached node's.
 async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u32, healthy: bool) {
-    if snapshot.gpus.is_empty() {
+    if snapshot.devices().is_empty() {
         return;
     }
     let wanted = match entries::annotation(snapshot, split, healthy) {
@@ -113,7 +113,7 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     let call = nodes.patch(&caches.node_name, &params, &patch);
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(_)) => {
-            info!(node = %caches.node_name, devices = snapshot.gpus.len(), healthy, "published {REGISTER_KEY}")
+            info!(node = %caches.node_name, devices = snapshot.devices().len(), healthy, "published {REGISTER_KEY}")
         }
         Ok(Err(err)) => warn!(node = %caches.node_name, "patching {REGISTER_KEY} failed: {err}"),
         Err(_) => {

@@ -36,7 +36,6 @@ use crate::{
     gpud::SessionError,
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
     inventory::Snapshot,
-    inventory::gpu_id,
     kube::{Events, Regarding},
 };
 
@@ -206,9 +205,7 @@ pub(crate) fn pod_limits(
             .resolve(&device.uuid)
             .map_err(LimitsError::Unresolved)?;
         let gpu = snapshot
-            .gpus
-            .iter()
-            .find(|g| gpu_id(g) == current)
+            .device(&current)
             .ok_or_else(|| LimitsError::GpuNotHere {
                 gpu: current.clone(),
             })?;
@@ -218,7 +215,7 @@ pub(crate) fn pod_limits(
                 mib: device.usedmem,
             })?;
         // A compute partition's VRAM is capped in its GPU's region.
-        let region = snapshot.physical_bdf(&gpu.bdf).to_owned();
+        let region = gpu.physical_bdf().to_owned();
         let sum: &mut u64 = limits.entry(region.clone()).or_default();
         *sum = sum
             .checked_add(bytes)

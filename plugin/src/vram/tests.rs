@@ -11,13 +11,8 @@ fn gpu(bdf: &str, uuid: &str) -> GpuInfo {
 }
 
 fn snapshot() -> Snapshot {
-    Snapshot {
-        gpus: vec![gpu("0000:05:00.0", "GPU-A"), gpu("0000:15:00.0", "GPU-B")],
-        partitions: BTreeMap::new(),
-        connected: true,
-        dmem_backend: "on".into(),
-        parents: BTreeMap::new(),
-    }
+    let gpus = [gpu("0000:05:00.0", "GPU-A"), gpu("0000:15:00.0", "GPU-B")];
+    Snapshot::from_gpud(&gpus, BTreeMap::new(), ipc::DmemBackend::On)
 }
 
 fn pod(allocated: &str) -> Pod {

@@ -160,11 +160,11 @@ fn records_in_the_go_plugins_format_count_on_the_gpu_they_name() {
     let mut gpu = crate::testutil::mi300x("0000:05:00.0", "GPU-8ecb9de71e8aa497");
     gpu.published_id = "GPU-8ecb9de71e8aa497".into();
     gpu.amdsmi_uuid = GO_ID.into();
-    let snapshot = crate::inventory::Snapshot {
-        gpus: vec![gpu],
-        connected: true,
-        ..crate::inventory::Snapshot::default()
-    };
+    let snapshot = crate::inventory::Snapshot::from_gpud(
+        &[gpu],
+        std::collections::BTreeMap::new(),
+        ipc::DmemBackend::default(),
+    );
     let totals = Totals {
         cus: [("GPU-8ecb9de71e8aa497".to_owned(), 304)]
             .into_iter()
@@ -196,23 +196,21 @@ fn records_in_the_go_plugins_format_count_on_the_gpu_they_name() {
 /// one of them: it is reported, naming the candidates.
 #[test]
 fn a_record_under_an_ambiguous_name_is_refused_with_the_candidates() {
-    let mut parts = Vec::new();
-    for i in 0..2 {
-        let mut p = crate::testutil::mi300x(&format!("0000:05:00.{i}"), "");
-        p.published_id = format!("X-cpx{i}");
-        p.unique_id = "1".into();
-        p.compute_partition = "CPX".into();
-        parts.push(p);
-    }
-    let snapshot = crate::inventory::Snapshot {
-        parents: parts
-            .iter()
-            .map(|p| (p.bdf.clone(), "0000:05:00.0".to_owned()))
-            .collect(),
-        gpus: parts,
-        connected: true,
-        ..crate::inventory::Snapshot::default()
-    };
+    let mut gpu = crate::testutil::mi300x("0000:05:00.0", "");
+    (gpu.published_id, gpu.unique_id) = ("X".into(), "1".into());
+    gpu.compute_partition = "CPX".into();
+    let parts = (0..2)
+        .map(|i| crate::testutil::partition(&format!("0000:05:00.{i}"), i, 0))
+        .collect();
+    let raw = crate::inventory::Snapshot::from_gpud(
+        &[gpu],
+        [("0000:05:00.0".to_owned(), parts)].into(),
+        ipc::DmemBackend::default(),
+    );
+    let snapshot = crate::inventory::partition::view(
+        &raw,
+        crate::inventory::partition::OperatingMode::Partition,
+    );
     let totals = Totals {
         cus: [("X-cpx0".to_owned(), 38), ("X-cpx1".to_owned(), 38)]
             .into_iter()

@@ -1,5 +1,7 @@
 use std::collections::BTreeMap;
 
+use ipc::{DmemBackend, types::GpuInfo};
+
 use super::*;
 use crate::{
     inventory::partition::{self, OperatingMode},
@@ -8,19 +10,29 @@ use crate::{
 
 const UUID: &str = "6eff74a1-0000-1000-80aa-d3b1c6a5e0ff";
 
-fn whole() -> Snapshot {
+fn mi300x() -> GpuInfo {
     let mut gpu = testutil::mi300x("0000:05:00.0", "GPU-8ecb9de71e8aa497");
     gpu.published_id = UUID.into();
     gpu.amdsmi_uuid = UUID.into();
     gpu.unique_id = u64::from_str_radix("8ecb9de71e8aa497", 16)
         .unwrap()
         .to_string();
-    Snapshot {
-        partitions: BTreeMap::from([(gpu.bdf.clone(), vec![])]),
-        gpus: vec![gpu],
-        connected: true,
-        ..Snapshot::default()
-    }
+    gpu
+}
+
+fn whole() -> Snapshot {
+    let gpu = mi300x();
+    let partitions = BTreeMap::from([(gpu.bdf.clone(), vec![])]);
+    Snapshot::from_gpud(&[gpu], partitions, DmemBackend::default())
+}
+
+/// The MI300X in `mode` with `parts`, as partition mode sees it.
+fn partitioned(mode: &str, parts: Vec<ipc::types::PartitionInfo>) -> Snapshot {
+    let mut gpu = mi300x();
+    gpu.compute_partition = mode.into();
+    let partitions = BTreeMap::from([(gpu.bdf.clone(), parts)]);
+    let node = Snapshot::from_gpud(&[gpu], partitions, DmemBackend::default());
+    partition::view(&node, OperatingMode::Partition)
 }
 
 #[test]
@@ -39,13 +51,10 @@ fn every_form_a_whole_gpu_was_published_under_names_it() {
 
 #[test]
 fn a_go_partition_id_that_names_eight_partitions_is_refused_with_them() {
-    let mut node = whole();
-    node.gpus[0].compute_partition = "CPX".into();
     let parts = (0..8)
         .map(|i| testutil::partition(&format!("0000:05:00.{i}"), i, 0))
         .collect();
-    node.partitions.insert("0000:05:00.0".into(), parts);
-    let view = partition::view(&node, OperatingMode::Partition);
+    let view = partitioned("CPX", parts);
     let aliases = Aliases::of(&view);
     let current = format!("{UUID}-cpx3");
     assert_eq!(aliases.resolve(&current).as_deref(), Ok(current.as_str()));
@@ -66,13 +75,7 @@ fn a_go_partition_id_that_names_eight_partitions_is_refused_with_them() {
 
 #[test]
 fn a_single_partition_named_the_go_way_resolves() {
-    let mut node = whole();
-    node.gpus[0].compute_partition = "SPX".into();
-    node.partitions.insert(
-        "0000:05:00.0".into(),
-        vec![testutil::partition("0000:05:00.0", 0, 0)],
-    );
-    let view = partition::view(&node, OperatingMode::Partition);
+    let view = partitioned("SPX", vec![testutil::partition("0000:05:00.0", 0, 0)]);
     let aliases = Aliases::of(&view);
     let want = format!("{UUID}-spx0");
     assert_eq!(

@@ -1,6 +1,9 @@
 use std::collections::BTreeMap;
 
-use ipc::types::PartitionInfo;
+use ipc::{
+    DmemBackend,
+    types::{GpuInfo, PartitionInfo},
+};
 
 use super::*;
 
@@ -31,32 +34,35 @@ fn part(bdf: &str, index: u32, health: &str) -> PartitionInfo {
     }
 }
 
-fn node() -> Snapshot {
+fn node_of(gpus: &[GpuInfo]) -> Snapshot {
     let mut parts: Vec<PartitionInfo> = (0..8)
         .map(|i| part(&format!("0000:05:00.{i}"), i, ipc::HEALTHY))
         .collect();
     parts[7].health = ipc::MISSING.into(); // gone after a switch back
+    let partitions = BTreeMap::from([
+        ("0000:05:00.0".to_owned(), parts),
+        (
+            "0000:83:00.0".to_owned(),
+            vec![part("0000:83:00.0", 0, ipc::HEALTHY)],
+        ),
+    ]);
+    Snapshot::from_gpud(gpus, partitions, DmemBackend::On)
+}
+
+fn gpus() -> Vec<GpuInfo> {
     let mut radeon = gpu("0000:83:00.0", "");
     radeon.rocr_uuid = "GPU-1111222233334444".into();
-    Snapshot {
-        gpus: vec![gpu("0000:05:00.0", "CPX"), radeon],
-        partitions: BTreeMap::from([
-            ("0000:05:00.0".to_owned(), parts),
-            (
-                "0000:83:00.0".to_owned(),
-                vec![part("0000:83:00.0", 0, ipc::HEALTHY)],
-            ),
-        ]),
-        connected: true,
-        dmem_backend: "on".into(),
-        parents: BTreeMap::new(),
-    }
+    vec![gpu("0000:05:00.0", "CPX"), radeon]
+}
+
+fn node() -> Snapshot {
+    node_of(&gpus())
 }
 
 #[test]
 fn each_live_partition_replaces_its_gpu() {
     let view = view(&node(), OperatingMode::Partition);
-    let ids: Vec<String> = view.gpus.iter().map(gpu_id).collect();
+    let ids: Vec<&str> = view.devices().iter().map(|d| d.id.as_str()).collect();
     assert_eq!(
         ids[..3],
         [
@@ -70,7 +76,7 @@ fn each_live_partition_replaces_its_gpu() {
         ids[7], "GPU-1111222233334444",
         "a GPU without partitions stays whole"
     );
-    let first = &view.gpus[0];
+    let first = &view.devices()[0];
     assert_eq!(
         (first.compute_units, first.vram_bytes),
         (304 / 8, (192 << 30) / 8),
@@ -80,8 +86,9 @@ fn each_live_partition_replaces_its_gpu() {
         first.rocr_uuid.is_empty(),
         "selected by container-local index"
     );
-    assert_eq!(view.physical_bdf("0000:05:00.3"), "0000:05:00.0");
-    assert!(view.is_partition("0000:05:00.3") && !view.is_partition("0000:83:00.0"));
+    let by_bdf = |bdf: &str| view.devices().iter().find(|d| d.bdf == bdf).unwrap();
+    assert_eq!(by_bdf("0000:05:00.3").physical_bdf(), "0000:05:00.0");
+    assert!(by_bdf("0000:05:00.3").is_partition() && !by_bdf("0000:83:00.0").is_partition());
     assert_eq!(view.partitions["0000:05:00.3"][0].render_minor, 131);
     assert!(!ids.iter().any(|id| id.contains([',', ':', ';'])));
 }
@@ -90,23 +97,24 @@ fn each_live_partition_replaces_its_gpu() {
 /// amd-gpud lists fewer (a switch in progress), and division floors.
 #[test]
 fn shares_follow_the_mode_from_the_profile_menu_floored() {
-    let mut snapshot = node();
-    snapshot.gpus[0].compute_units = 302;
-    snapshot.gpus[0].partition_profiles = vec![ipc::types::PartitionProfile {
+    let mut gpus = gpus();
+    gpus[0].compute_units = 302;
+    gpus[0].partition_profiles = vec![ipc::types::PartitionProfile {
         index: 3,
         compute_partition: "CPX".into(),
         memory_partitions: vec!["NPS1".into()],
         partitions: 8,
         xcc_per_partition: 1,
     }];
+    let mut snapshot = node_of(&gpus);
     snapshot
         .partitions
         .get_mut("0000:05:00.0")
         .unwrap()
         .truncate(5);
     let view = view(&snapshot, OperatingMode::Partition);
-    assert_eq!(view.gpus[0].compute_units, 37, "302 / 8, floored");
-    assert_eq!(view.gpus[0].vram_bytes, (192 << 30) / 8);
+    assert_eq!(view.devices()[0].compute_units, 37, "302 / 8, floored");
+    assert_eq!(view.devices()[0].vram_bytes, (192 << 30) / 8);
 }
 
 #[test]
@@ -140,6 +148,6 @@ fn snapshots_are_followed_when_the_mode_sender_is_gone() {
         raw_tx.send_replace(node());
         let changed = tokio::time::timeout(std::time::Duration::from_secs(5), view.changed()).await;
         assert!(matches!(changed, Ok(Ok(()))), "the new snapshot arrives");
-        assert_eq!(view.borrow().gpus.len(), 2);
+        assert_eq!(view.borrow().devices().len(), 2);
     });
 }

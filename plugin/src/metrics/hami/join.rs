@@ -13,7 +13,6 @@ use crate::{
         ALLOCATED_KEY, CU_ALLOCATED_KEY, DevicesAnnotation, parse_cu_allocated, parse_pod_devices,
     },
     inventory::Snapshot,
-    inventory::gpu_id,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -23,7 +22,7 @@ pub(super) struct Devices(HashMap<String, BTreeSet<u64>>);
 
 impl Devices {
     pub(super) fn of(snapshot: &Snapshot) -> Self {
-        let ids = snapshot.gpus.iter().map(|gpu| {
+        let ids = snapshot.devices().iter().map(|gpu| {
             let kfd: BTreeSet<u64> = snapshot
                 .partitions
                 .get(&gpu.bdf)
@@ -32,7 +31,7 @@ impl Devices {
                 .map(|p| p.gpu_id)
                 .filter(|&id| id != 0)
                 .collect();
-            (gpu_id(gpu), kfd)
+            (gpu.id.clone(), kfd)
         });
         Self(ids.collect())
     }

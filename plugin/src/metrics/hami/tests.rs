@@ -15,17 +15,13 @@ const GPU: &str = "GPU-0000000000000005";
 
 fn snapshot() -> Snapshot {
     let gpu = mi300x("0000:05:00.0", GPU);
-    Snapshot {
-        partitions: [(
-            "0000:05:00.0".to_owned(),
-            vec![partition("0000:05:00.0", 0, 0)],
-        )]
-        .into_iter()
-        .collect(),
-        gpus: vec![gpu],
-        connected: true,
-        ..Snapshot::default()
-    }
+    let partitions = [(
+        "0000:05:00.0".to_owned(),
+        vec![partition("0000:05:00.0", 0, 0)],
+    )]
+    .into_iter()
+    .collect();
+    Snapshot::from_gpud(&[gpu], partitions, ipc::DmemBackend::default())
 }
 
 /// Two containers of one pod share the GPU: `a` 1 GiB and 76 CUs, `b` 2 GiB
