@@ -68,7 +68,7 @@ pub fn gpu_view(gpu: &Gpu, shown: &Shown, registry: &Registry) -> GpuView {
         compute_partition: gpu.compute_partition.clone().unwrap_or_default(),
         memory_partition: gpu.memory_partition.clone().unwrap_or_default(),
         available_compute_partitions: gpu.available_compute_partitions.clone(),
-        health: shown.health.to_owned(),
+        health: shown.health.as_str().to_owned(),
         health_reason: shown.reason.clone(),
         links: gpu.links.iter().map(link).collect(),
         partition_profiles: crate::partition::profiles(gpu),
@@ -90,7 +90,7 @@ pub fn partition_view(part: &Partition, shown: &Shown, gpu_bdf: &str) -> Partiti
         vram_bytes: part.vram_bytes,
         xcp: signed(part.xcp),
         gpu: gpu_path(gpu_bdf),
-        health: shown.health.to_owned(),
+        health: shown.health.as_str().to_owned(),
         health_reason: shown.reason.clone(),
         restore_props: restore_props(&part.restore),
         restore_links: part

@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use ipc::{HEALTHY, MISSING, UNHEALTHY};
+use ipc::Health;
 
 use super::{ObjectKey, Presence, Service, Update};
 use crate::{
@@ -16,8 +16,8 @@ use crate::{
 /// What a GPU or partition shows: its health and why it is not healthy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shown {
-    /// [`HEALTHY`], [`UNHEALTHY`] or [`MISSING`].
-    pub health: &'static str,
+    /// Healthy, unhealthy or missing.
+    pub health: Health,
     /// Empty while healthy.
     pub reason: String,
 }
@@ -106,7 +106,7 @@ impl Service {
         let changed = self.health.pulse(all);
         for key in &changed {
             let shown = self.health_of(*key, Presence::Present);
-            tracing::warn!(object = ?key, health = shown.health, reason = %shown.reason, "health changed");
+            tracing::warn!(object = ?key, health = shown.health.as_str(), reason = %shown.reason, "health changed");
         }
         if !changed.is_empty() {
             self.registry.note_change();
@@ -121,18 +121,18 @@ impl Service {
     pub fn health_of(&self, key: ObjectKey, presence: Presence) -> Shown {
         if presence == Presence::Missing {
             return Shown {
-                health: MISSING,
+                health: Health::Missing,
                 reason: "no longer found in the KFD topology".to_owned(),
             };
         }
         if self.health.healthy(key) {
             Shown {
-                health: HEALTHY,
+                health: Health::Healthy,
                 reason: String::new(),
             }
         } else {
             Shown {
-                health: UNHEALTHY,
+                health: Health::Unhealthy,
                 reason: self.health.reason(key).to_owned(),
             }
         }
