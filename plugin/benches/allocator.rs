@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use plugin::preferred::{self, GpuTopology, Link, LinkKind, Policy};
+use plugin::testing::preferred::{self, GpuTopology, Link, LinkKind, Policy};
 
 const ROUNDS: usize = 301;
 

@@ -3,7 +3,7 @@
 //! It follows amd-gpud's inventory over D-Bus (crate `ipc`), offers each GPU
 //! to kubelet as `count` devices (crate `proto`), and re-registers by itself
 //! whenever kubelet restarts. GPU health reaches kubelet (ListAndWatch), HAMi
-//! (the register annotation) and operators (Node Events, [`metrics`])
+//! (the register annotation) and operators (Node Events, metrics)
 //! together, all rebuilt from the same amd-gpud snapshot. Everything
 //! privileged is amd-gpud's job.
 
@@ -15,15 +15,16 @@ pub(crate) mod config;
 pub(crate) mod cu;
 pub(crate) mod gpud;
 pub(crate) mod hami;
-pub mod inventory;
+pub(crate) mod inventory;
 pub(crate) mod kube;
 pub(crate) mod kubelet;
 pub(crate) mod loader;
-pub mod metrics;
+pub(crate) mod metrics;
 pub(crate) mod mode;
-pub mod preferred;
+pub(crate) mod preferred;
 pub(crate) mod register;
-pub mod sandbox;
+pub(crate) mod sandbox;
+pub mod testing;
 #[cfg(test)]
 mod testutil;
 pub(crate) mod vram;

@@ -20,7 +20,7 @@ use std::{collections::BTreeMap, fs, io::Read, path::PathBuf, sync::Arc, time::I
 use gpud::testing::usage;
 use ipc::types::{GpuInfo, PartitionInfo};
 use k8s_openapi::api::core::v1::Pod;
-use plugin::{
+use plugin::testing::{
     inventory::Snapshot,
     metrics::{Metrics, Usage as Grants, hami::Inputs},
 };

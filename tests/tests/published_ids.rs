@@ -94,8 +94,8 @@ fn the_published_id_survives_amd_smi_going_away() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after: Vec<String> = kubelet.devices().iter().map(|d| d.id.clone()).collect();
         assert_eq!(after, before, "kubelet's devices keep their IDs");
-        let table = plugin::inventory::DeviceTable::build(
-            &plugin::inventory::Snapshot::from_gpud(
+        let table = plugin::testing::inventory::DeviceTable::build(
+            &plugin::testing::inventory::Snapshot::from_gpud(
                 std::slice::from_ref(&without),
                 Default::default(),
                 ipc::DmemBackend::default(),

@@ -39,8 +39,8 @@ use prometheus_client::{
     registry::Registry,
 };
 pub(crate) use server::Exporter;
+pub use usage::Usage;
 pub(crate) use usage::usage;
-pub use usage::{GpuUsage, Usage};
 
 use crate::{inventory::Snapshot, inventory::slots_of};
 

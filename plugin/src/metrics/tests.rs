@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use ipc::types::GpuInfo;
 
-use super::*;
+use super::{usage::GpuUsage, *};
 
 fn gpu(bdf: &str, health: &str) -> GpuInfo {
     let mut gpu = crate::testutil::mi300x(bdf, &format!("GPU-00000000000000{}", &bdf[5..7]));

@@ -222,7 +222,7 @@ pub fn run_async<F: std::future::Future<Output = ()>>(limit: Duration, body: F) 
 /// sandbox (the end-to-end tests then prove the plugin works inside it),
 /// else `best-effort`.
 pub fn sandbox_mode() -> &'static str {
-    if plugin::sandbox::probe() == plugin::sandbox::Enforcement::Full {
+    if plugin::testing::sandbox::probe() == plugin::testing::sandbox::Enforcement::Full {
         "required"
     } else {
         eprintln!("landlock is not fully available here: the plugin runs best-effort");
