@@ -16,6 +16,7 @@ mod report;
 mod reported;
 mod response;
 mod reuse;
+mod versions;
 mod write_back;
 
 use std::{

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use tracing::warn;
 
-use super::reuse;
+use super::{reuse, versions::ByVersion};
 use crate::{
     cu::CuBitmap,
     hami::{
@@ -156,35 +156,50 @@ struct Judged {
     age: (Option<k8s_openapi::jiff::Timestamp>, Option<String>),
     /// `hami.io/amd-cu-allocated`, when set.
     value: Option<String>,
+    /// [`reuse::CU_SPARE_KEY`], when set.
+    spare: Option<String>,
     claims: Result<Vec<GpuClaim>, String>,
 }
 
-/// A cached pod version (by address) and its judgement.
-#[derive(Debug)]
-struct Kept {
-    address: usize,
-    /// Held so that the address cannot be reused by another pod while the
-    /// entry lives.
-    _held: Arc<Pod>,
-    judged: Arc<Judged>,
+impl Judged {
+    /// True when `pod` carries the values of the two annotations the
+    /// plugin's own record puts back on a pod version (`super::ours`): a
+    /// judgement kept for the version serves it only then.
+    fn fits(&self, pod: &Pod) -> bool {
+        let annotations = pod.annotations();
+        annotations.get(CU_ALLOCATED_KEY) == self.value.as_ref()
+            && annotations.get(reuse::CU_SPARE_KEY) == self.spare.as_ref()
+    }
 }
 
 /// The judgements kept, and the GPUs they were judged against.
 #[derive(Debug, Default)]
 struct Judgements {
     totals: Totals,
-    kept: Vec<Kept>,
+    judged: ByVersion<Arc<Judged>>,
     /// The count resource (`amd.com/gpu`): a pod whose spec asks for none
     /// was never granted any by HAMi, whatever its annotations say; its
     /// claims are refused. `None` (the default, unit tests): not checked.
     resource: Option<String>,
 }
 
+impl Judgements {
+    /// The judgement of `pod`: the one kept for its version, or a new one.
+    fn of(&mut self, pod: &Pod) -> Arc<Judged> {
+        if let Some(judged) = self.judged.get(pod).filter(|j| j.fits(pod)) {
+            return Arc::clone(judged);
+        }
+        let judged = Arc::new(judge(pod, &self.totals, self.resource.as_deref()));
+        self.judged.insert(pod, Arc::clone(&judged));
+        judged
+    }
+}
+
 /// The bitmaps of every GPU in `totals`, with every live pod's claims.
 /// Allocate rebuilds the occupancy over every cached pod; each pod version
-/// (one `Arc` of the watch cache, whose contents never change) is parsed and
-/// judged once and looked up by address after that (judged again when the
-/// node's GPUs change).
+/// (uid and resourceVersion, [`super::versions`]) is parsed and judged once
+/// and looked up by that after, as long as it stays in the view (judged
+/// again when the node's GPUs change).
 #[derive(Debug, Default)]
 pub(crate) struct Claims(std::sync::Mutex<Judgements>);
 
@@ -214,30 +229,12 @@ impl Claims {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if cache.totals != *totals {
             cache.totals.clone_from(totals);
-            cache.kept.clear();
+            cache.judged.clear();
         }
-        let resource = cache.resource.clone();
-        let kept = &mut cache.kept;
-        // Sorted by address; an entry moves on to `kept` when its pod is still cached.
-        let mut earlier: Vec<(usize, Option<Kept>)> = std::mem::take(kept)
-            .into_iter()
-            .map(|k| (k.address, Some(k)))
-            .collect();
         let mut ordered = Vec::with_capacity(pods.len());
         let mut not_admitted = Vec::new();
         for pod in pods {
-            let address = Arc::as_ptr(pod).addr();
-            let found = earlier
-                .binary_search_by_key(&address, |(a, _)| *a)
-                .ok()
-                .and_then(|i| earlier[i].1.take());
-            let entry = found.unwrap_or_else(|| Kept {
-                address,
-                _held: Arc::clone(pod),
-                judged: Arc::new(judge(pod, totals, resource.as_deref())),
-            });
-            let judged = Arc::clone(&entry.judged);
-            kept.push(entry);
+            let judged = cache.of(pod);
             if judged.terminal || judged.value.is_none() {
                 continue;
             }
@@ -247,7 +244,7 @@ impl Claims {
                 not_admitted.push(distrust(pod, value, NOT_ADMITTED.to_owned()));
             }
         }
-        kept.sort_unstable_by_key(|k| k.address);
+        cache.judged.end_pass();
         // Ours first, then older first; the name breaks ties (the time has
         // whole seconds).
         ordered.sort_by(|a, b| (a.0, a.1, &a.3.age.1).cmp(&(b.0, b.1, &b.3.age.1)));
@@ -316,6 +313,7 @@ fn judge(pod: &Pod, totals: &Totals, resource: Option<&str>) -> Judged {
         terminal: terminal(pod),
         age: (created.copied(), name.map(str::to_owned)),
         value,
+        spare: pod.annotations().get(reuse::CU_SPARE_KEY).cloned(),
         claims,
     }
 }

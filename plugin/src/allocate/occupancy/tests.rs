@@ -68,6 +68,18 @@ fn honest_claims_count_and_forged_ones_do_not() {
     assert!(!maps["A"].is_free(0) && maps["A"].is_free(100) && maps["A"].is_free(200));
 }
 
+/// `pod` as the API server names one of its versions.
+fn versioned(pod: &Pod, uid: &str, resource_version: &str) -> Arc<Pod> {
+    let mut pod = pod.clone();
+    pod.metadata.uid = Some(uid.to_owned());
+    pod.metadata.resource_version = Some(resource_version.to_owned());
+    Arc::new(pod)
+}
+
+fn kept(claims: &Claims) -> usize {
+    claims.0.lock().unwrap().judged.len()
+}
+
 #[test]
 fn a_kept_judgement_serves_only_the_same_pod_version() {
     let totals = one_gpu();
@@ -78,12 +90,13 @@ fn a_kept_judgement_serves_only_the_same_pod_version() {
         "A,T,1024,76:;",
         r#"{"A":"0-75"}"#,
     );
+    let first = versioned(&first, "u-a", "5");
     let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false, &|_| true);
     assert_eq!(free(&rebuilt.maps), 304 - 76);
     let rebuilt = claims.rebuild(&[Arc::clone(&first)], &totals, &|_| false, &|_| true);
     assert_eq!(free(&rebuilt.maps), 304 - 76, "kept, same answer");
-    // Another version (a new object), even with the same resourceVersion
-    // (the plugin's record puts values back that way), is judged again.
+    // Another version, even with the same resourceVersion (the plugin's
+    // record puts values back that way), is judged again.
     let mut edited = (*first).clone();
     edited
         .annotations_mut()
@@ -91,12 +104,67 @@ fn a_kept_judgement_serves_only_the_same_pod_version() {
     let rebuilt = claims.rebuild(&[Arc::new(edited)], &totals, &|_| false, &|_| true);
     assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
     assert_eq!(free(&rebuilt.maps), 304);
-    assert_eq!(claims.0.lock().unwrap().kept.len(), 1, "one per cached pod");
+    assert_eq!(kept(&claims), 1, "one per cached pod");
     claims.rebuild(&[], &totals, &|_| false, &|_| true);
-    assert!(
-        claims.0.lock().unwrap().kept.is_empty(),
-        "gone with the pod"
+    assert_eq!(kept(&claims), 0, "gone with the pod");
+}
+
+/// The judgement of a pod version is found by its uid and resourceVersion,
+/// in whichever copy of it (the watch cache's after a relist, our patch's
+/// answer): it is not judged again.
+#[test]
+fn another_copy_of_a_version_is_not_judged_again() {
+    let totals = one_gpu();
+    let claims = Claims::default();
+    let a = pod(
+        "a",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
     );
+    let (copy, other_copy) = (versioned(&a, "u-a", "5"), versioned(&a, "u-a", "5"));
+    assert!(!Arc::ptr_eq(&copy, &other_copy));
+    let before = claims.rebuild(&[copy], &totals, &|_| false, &|_| true);
+    let after = claims.rebuild(&[other_copy], &totals, &|_| false, &|_| true);
+    assert!(
+        Arc::ptr_eq(&before.counted[0].1, &after.counted[0].1),
+        "the same judgement"
+    );
+    assert_eq!(free(&after.maps), 304 - 76);
+    // A pod without a uid or a resourceVersion is judged every time.
+    let before = claims.rebuild(&[Arc::clone(&a)], &totals, &|_| false, &|_| true);
+    let after = claims.rebuild(&[Arc::clone(&a)], &totals, &|_| false, &|_| true);
+    assert!(!Arc::ptr_eq(&before.counted[0].1, &after.counted[0].1));
+    assert_eq!(free(&after.maps), 304 - 76);
+    assert_eq!(kept(&claims), 0, "nothing kept for it, and u-a is gone");
+}
+
+/// A new version of a pod (a status change, an edit of its claim) is
+/// judged again, and its judgement replaces the old one's.
+#[test]
+fn a_new_version_of_a_pod_is_judged_again() {
+    let totals = one_gpu();
+    let claims = Claims::default();
+    let a = pod(
+        "a",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
+    );
+    let rebuild = |pod| claims.rebuild(&[pod], &totals, &|_| false, &|_| true);
+    let rebuilt = rebuild(versioned(&a, "u-a", "5"));
+    assert_eq!(free(&rebuilt.maps), 304 - 76);
+    let mut done = (*a).clone();
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    let rebuilt = rebuild(versioned(&done, "u-a", "6"));
+    assert_eq!(free(&rebuilt.maps), 304, "finished: its CUs are free");
+    let mut forged = (*a).clone();
+    forged
+        .annotations_mut()
+        .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-199"}"#.into());
+    let rebuilt = rebuild(versioned(&forged, "u-a", "7"));
+    assert_eq!(rebuilt.distrusted.len(), 1, "more than granted");
+    assert_eq!(kept(&claims), 1, "one entry per pod");
 }
 
 #[test]
