@@ -18,7 +18,6 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    hash::{Hash, Hasher},
     sync::{Arc, Mutex, PoisonError},
     time::Instant,
 };
@@ -41,23 +40,22 @@ fn resource_version(pod: &Pod) -> Option<u64> {
     pod.metadata.resource_version.as_deref()?.parse().ok()
 }
 
-/// Pod uid -> the recorded annotations' values as we last wrote them, and
-/// the size at which entries of pods that are gone are next dropped.
+/// Pod uid -> our record of the pod, and the size at which entries of pods
+/// that are gone are next dropped.
 #[derive(Debug, Default)]
 struct Record {
-    values: HashMap<String, [Option<String>; 2]>,
+    values: HashMap<String, Recorded>,
     prune_at: usize,
 }
 
-/// A cached pod version (by address) that needed neither our overlay nor
-/// our record last time. Its uid's hash is kept inline so that our next
-/// write to it is noticed without reading the pod; the `Arc` is held so that
-/// the address is not reused.
+/// The recorded annotations' values as we last wrote them, and the
+/// resourceVersion of the last version of the pod seen carrying them: that
+/// version (whichever copy of it) has nothing to put back. A version's
+/// contents never change, and a new record (our next write) starts afresh.
 #[derive(Debug)]
-struct Clean {
-    address: usize,
-    uid_hash: u64,
-    _held: Arc<Pod>,
+struct Recorded {
+    values: [Option<String>; 2],
+    clean_at: Option<String>,
 }
 
 /// A version of a pod newer than the cache's (or one it does not hold), and
@@ -79,6 +77,25 @@ impl Record {
         self.values.retain(|uid, _| live.contains(uid.as_str()));
         self.prune_at = 2 * self.values.len() + 16;
     }
+
+    /// `pod` from the cache with its recorded values put back (see
+    /// [`restore`]); a version of it seen carrying them before (same uid and
+    /// resourceVersion) is passed on without reading its annotations.
+    fn seen(&mut self, pod: Arc<Pod>, edited: &mut Vec<Distrust>) -> Arc<Pod> {
+        let meta = &pod.metadata;
+        let Some(recorded) = meta.uid.as_deref().and_then(|u| self.values.get_mut(u)) else {
+            return pod;
+        };
+        let version = meta.resource_version.as_deref();
+        if version.is_some() && recorded.clean_at.as_deref() == version {
+            return pod;
+        }
+        let seen = restore(Arc::clone(&pod), &recorded.values, edited);
+        if Arc::ptr_eq(&seen, &pod) {
+            recorded.clean_at = version.map(str::to_owned);
+        }
+        seen
+    }
 }
 
 /// What we know ahead of the cache, and our CU records, by pod uid.
@@ -86,15 +103,6 @@ impl Record {
 pub(crate) struct Ours {
     ahead: Mutex<HashMap<String, Ahead>>,
     record: Mutex<Record>,
-    /// Sorted by address. A pod version stays clean: the record of a uid
-    /// changes only when we write that pod, which makes a new version.
-    clean: Mutex<Vec<Clean>>,
-}
-
-fn uid_hash(uid: &str) -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    uid.hash(&mut hasher);
-    hasher.finish()
 }
 
 impl Ours {
@@ -135,7 +143,11 @@ impl Ours {
     pub(crate) fn recorded(&self, written: &Pod) {
         let Some(uid) = written.uid() else { return };
         let values = RECORDED.map(|k| written.annotations().get(k).cloned());
-        lock(&self.record).values.insert(uid, values);
+        let recorded = Recorded {
+            values,
+            clean_at: None,
+        };
+        lock(&self.record).values.insert(uid, recorded);
     }
 
     /// Runs `f` with a test of whether this process wrote a pod's CU record.
@@ -180,8 +192,9 @@ impl Ours {
     /// `cached` (read after `mark` was taken) with the pods we know ahead of
     /// it laid over it or added to it, and our recorded values put back
     /// where a pod's annotations were edited (each such pod is returned in
-    /// the second list). Called on every Allocate: a pod version seen clean
-    /// before is passed on without being read.
+    /// the second list). Called on every Allocate: a pod version (uid and
+    /// resourceVersion) seen carrying our record before is passed on
+    /// without its annotations being read.
     pub(crate) fn view(
         &self,
         mark: CacheMark,
@@ -193,62 +206,27 @@ impl Ours {
         if ahead.is_empty() && record.values.is_empty() {
             return (cached, Vec::new());
         }
-        let known: Vec<(u64, &str, &Ahead)> = ahead
-            .iter()
-            .map(|(uid, a)| (uid_hash(uid), uid.as_str(), a))
-            .collect();
-        let mut in_cache = vec![false; known.len()];
-        let mut clean = lock(&self.clean);
-        let mut earlier: Vec<(usize, Option<Clean>)> = std::mem::take(&mut *clean)
-            .into_iter()
-            .map(|c| (c.address, Some(c)))
-            .collect();
-        let (mut edited, mut caught_up) = (Vec::new(), Vec::new());
-        let mut pods = Vec::with_capacity(cached.len() + known.len());
+        let (mut edited, mut settled) = (Vec::new(), Vec::new());
+        // The uids known ahead of the cache that it holds (any version).
+        let mut in_cache = HashSet::new();
+        let mut pods = Vec::with_capacity(cached.len() + ahead.len());
         for p in cached {
-            let address = Arc::as_ptr(&p).addr();
-            let seen_clean = earlier
-                .binary_search_by_key(&address, |(a, _)| *a)
-                .ok()
-                .and_then(|i| earlier[i].1.take());
-            let hash = seen_clean.as_ref().map(|c| c.uid_hash);
-            let hash = hash.or_else(|| p.metadata.uid.as_deref().map(uid_hash));
-            let newer = known.iter().position(|(h, uid, _)| {
-                Some(*h) == hash && p.metadata.uid.as_deref() == Some(*uid)
-            });
-            if let Some(i) = newer {
-                in_cache[i] = true;
-                let (_, uid, ours) = known[i];
-                if resource_version(&p) >= resource_version(&ours.pod) {
-                    caught_up.push(uid.to_owned());
-                } else {
+            let uid = p.metadata.uid.as_deref();
+            if let Some((uid, ours)) = uid.and_then(|u| ahead.get_key_value(u)) {
+                in_cache.insert(uid.as_str());
+                if resource_version(&p) < resource_version(&ours.pod) {
                     pods.push(restored(&ours.pod, &record.values, &mut edited));
                     continue;
                 }
+                settled.push(uid.clone());
             }
-            if let Some(seen_clean) = seen_clean {
-                clean.push(seen_clean);
-                pods.push(p);
-                continue;
-            }
-            let seen = restored(&p, &record.values, &mut edited);
-            if let (true, Some(uid_hash)) = (Arc::ptr_eq(&seen, &p), hash) {
-                clean.push(Clean {
-                    address,
-                    uid_hash,
-                    _held: p,
-                });
-            }
-            pods.push(seen);
+            pods.push(record.seen(p, &mut edited));
         }
-        clean.sort_unstable_by_key(|c| c.address);
-        let uncached = known
+        let uncached = ahead
             .iter()
-            .zip(in_cache)
-            .filter(|(_, c)| !c)
-            .map(|(k, _)| *k);
+            .filter(|(uid, _)| !in_cache.contains(uid.as_str()));
         let gone = add_uncached(uncached, mark, &record.values, &mut pods, &mut edited);
-        for uid in caught_up.iter().chain(&gone) {
+        for uid in settled.iter().chain(&gone) {
             ahead.remove(uid);
         }
         (pods, edited)
@@ -259,16 +237,16 @@ impl Ours {
 /// unless the cache would hold it by now (see [`CacheMark::covers`]); the
 /// uids of those, which are gone, are returned.
 fn add_uncached<'a>(
-    uncached: impl Iterator<Item = (u64, &'a str, &'a Ahead)>,
+    uncached: impl Iterator<Item = (&'a String, &'a Ahead)>,
     mark: CacheMark,
-    record: &HashMap<String, [Option<String>; 2]>,
+    record: &HashMap<String, Recorded>,
     pods: &mut Vec<Arc<Pod>>,
     edited: &mut Vec<Distrust>,
 ) -> Vec<String> {
     let mut gone = Vec::new();
-    for (_, uid, ours) in uncached {
+    for (uid, ours) in uncached {
         if mark.covers(resource_version(&ours.pod), ours.known_at) {
-            gone.push(uid.to_owned());
+            gone.push(uid.clone());
         } else {
             pods.push(restored(&ours.pod, record, edited));
         }
@@ -279,11 +257,11 @@ fn add_uncached<'a>(
 /// `pod` with its recorded values, if it has any (see [`restore`]).
 fn restored(
     pod: &Arc<Pod>,
-    record: &HashMap<String, [Option<String>; 2]>,
+    record: &HashMap<String, Recorded>,
     edited: &mut Vec<Distrust>,
 ) -> Arc<Pod> {
     match pod.metadata.uid.as_deref().and_then(|uid| record.get(uid)) {
-        Some(values) => restore(Arc::clone(pod), values, edited),
+        Some(recorded) => restore(Arc::clone(pod), &recorded.values, edited),
         None => Arc::clone(pod),
     }
 }

@@ -167,3 +167,52 @@ fn records_of_pods_that_are_gone_are_dropped() {
     let (_, _) = ours.view(lagging(), Vec::new());
     assert!(lock(&ours.record).values.is_empty());
 }
+
+fn clean_at(ours: &Ours, uid: &str) -> Option<String> {
+    lock(&ours.record).values[uid].clean_at.clone()
+}
+
+#[test]
+fn a_version_seen_clean_is_found_by_uid_and_resource_version() {
+    let ours = Ours::default();
+    let written = pod("5", Some(r#"{"A":"0-9"}"#));
+    ours.recorded(&written);
+    let (_, edited) = ours.view(lagging(), vec![Arc::new(written.clone())]);
+    assert!(edited.is_empty());
+    assert_eq!(clean_at(&ours, "u-1").as_deref(), Some("5"));
+    // The API server never serves two contents under one resourceVersion;
+    // a copy that did shows that the annotations are not read again.
+    let odd_copy = Arc::new(pod("5", Some(r#"{"A":"0-99"}"#)));
+    let (view, edited) = ours.view(lagging(), vec![Arc::clone(&odd_copy)]);
+    assert!(edited.is_empty(), "not read: {edited:?}");
+    assert!(Arc::ptr_eq(&view[0], &odd_copy), "passed on as it is");
+    // A new version is read, and its edit caught.
+    let (view, edited) = ours.view(lagging(), vec![Arc::new(pod("6", Some(r#"{"A":"0-99"}"#)))]);
+    assert_eq!(edited.len(), 1);
+    assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
+    assert_eq!(
+        clean_at(&ours, "u-1").as_deref(),
+        Some("5"),
+        "6 was not clean"
+    );
+    // Our next write is a new record: nothing is clean for it yet.
+    ours.recorded(&pod("7", Some(r#"{"A":"0-19"}"#)));
+    assert_eq!(clean_at(&ours, "u-1"), None);
+}
+
+#[test]
+fn a_pod_without_a_resource_version_is_read_every_time() {
+    let ours = Ours::default();
+    ours.recorded(&pod("5", Some(r#"{"A":"0-9"}"#)));
+    let mut unversioned = pod("5", Some(r#"{"A":"0-9"}"#));
+    unversioned.metadata.resource_version = None;
+    let (_, edited) = ours.view(lagging(), vec![Arc::new(unversioned.clone())]);
+    assert!(edited.is_empty());
+    assert_eq!(clean_at(&ours, "u-1"), None, "nothing names its version");
+    unversioned
+        .annotations_mut()
+        .insert(CU_ALLOCATED_KEY.into(), r#"{"A":"0-99"}"#.into());
+    let (view, edited) = ours.view(lagging(), vec![Arc::new(unversioned)]);
+    assert_eq!(edited.len(), 1, "read again, the edit caught");
+    assert_eq!(view[0].annotations()[CU_ALLOCATED_KEY], r#"{"A":"0-9"}"#);
+}
