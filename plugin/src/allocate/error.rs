@@ -1,5 +1,6 @@
 //! Why an Allocate failed: one variant per cause, carrying what it is about
-//! and its source, and the metric reason of each ([`AllocateError::reason`]).
+//! and its source, and the metric reason of each ([`AllocateError::reason`]);
+//! and why a pod's CU claim is not trusted as written ([`ClaimError`]).
 
 use std::{path::PathBuf, time::Duration};
 
@@ -9,7 +10,7 @@ use crate::{
     inventory::ids::Unresolved,
 };
 
-use super::pod::FindError;
+use super::{pod::FindError, reuse::SpareError};
 
 /// Why an Allocate failed, for metrics (`amdgpu_dp_allocate_total`'s
 /// `reason` label).
@@ -162,4 +163,43 @@ fn held_by(holders: &[String]) -> String {
     } else {
         format!("; CUs held by {}", holders.join(", "))
     }
+}
+
+/// Why a pod's CU claim, or its part on one GPU, does not count as written
+/// (each is one part of the pod's `UntrustedCuClaim` Event).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ClaimError {
+    /// The pod's spec asks for none of the count resource `resource`.
+    #[error("its spec asks for no {resource}: HAMi grants only pods that do")]
+    NoRequest { resource: String },
+    /// The claim does not parse.
+    #[error(transparent)]
+    Unparsable(HamiError),
+    /// The claim names a GPU by a name several devices share.
+    #[error("it claims CUs on {0}")]
+    Ambiguous(#[source] Unresolved),
+    #[error("it claims CUs on GPU {gpu}, which this node does not have")]
+    NotOnNode { gpu: String },
+    #[error("it claims CU {max} on GPU {gpu}, which has {total} CUs")]
+    PastEnd { gpu: String, max: u32, total: u32 },
+    #[error("it claims CUs on GPU {gpu}, which HAMi did not grant the pod")]
+    NotGranted { gpu: String },
+    #[error("it claims {claimed} CUs on GPU {gpu}, HAMi granted the pod {allowed}")]
+    MoreThanGranted {
+        gpu: String,
+        claimed: u64,
+        allowed: u32,
+    },
+    /// The pod's spare set is not trusted: its whole claim on the GPU counts.
+    #[error(transparent)]
+    Spare(SpareError),
+    /// The claim's CUs could not be laid on the GPU's bitmap.
+    #[error(transparent)]
+    Occupy(CuError),
+    /// The claim counts, together with another pod's that holds `cu`.
+    #[error(
+        "CU {cu} of GPU {gpu} is also claimed by another pod (both claims count, so \
+         neither pod's CUs are handed out again)"
+    )]
+    Shared { gpu: String, cu: u32 },
 }

@@ -19,7 +19,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use tracing::warn;
 
-use super::{reuse, versions::ByVersion};
+use super::{
+    error::ClaimError,
+    reuse::{self, SpareError},
+    versions::ByVersion,
+};
 use crate::{
     cu::CuBitmap,
     hami::{
@@ -138,13 +142,13 @@ impl Occupancy {
 #[derive(Debug)]
 enum GpuClaim {
     /// Left out whatever the node holds (not granted, more than granted).
-    Refused(String),
+    Refused(ClaimError),
     /// The CUs that count, and why the spare set was not trusted (then the
     /// whole claim counts).
     Counted {
         gpu: String,
         cus: CuList,
-        spare_problem: Option<String>,
+        spare_problem: Option<SpareError>,
     },
 }
 
@@ -158,7 +162,7 @@ struct Judged {
     value: Option<String>,
     /// [`reuse::CU_SPARE_KEY`], when set.
     spare: Option<String>,
-    claims: Result<Vec<GpuClaim>, String>,
+    claims: Result<Vec<GpuClaim>, ClaimError>,
 }
 
 impl Judged {
@@ -258,7 +262,7 @@ impl Claims {
         for (_, _, pod, judged) in ordered {
             let problems = apply(&judged.claims, &mut maps);
             if let (false, Some(value)) = (problems.is_empty(), &judged.value) {
-                distrusted.push(distrust(pod, value, problems.join("; ")));
+                distrusted.push(distrust(pod, value, joined(&problems)));
             }
             counted.push((Arc::clone(pod), judged));
         }
@@ -293,12 +297,11 @@ fn judge(pod: &Pod, totals: &Totals, resource: Option<&str>) -> Judged {
     let asks = resource.is_none_or(|r| super::pod::asks_for_any(pod, r));
     let claims = match &value {
         None => Ok(Vec::new()),
-        Some(_) if !asks => Err(format!(
-            "its spec asks for no {}: HAMi grants only pods that do",
-            resource.unwrap_or_default()
-        )),
+        Some(_) if !asks => Err(ClaimError::NoRequest {
+            resource: resource.unwrap_or_default().to_owned(),
+        }),
         Some(value) => parse_cu_allocated(value)
-            .map_err(|err| err.to_string())
+            .map_err(ClaimError::Unparsable)
             .map(|claims| {
                 let granted = granted_cus(pod, &totals.aliases);
                 claims
@@ -328,56 +331,55 @@ fn judge_gpu(
     let gpu = match totals.aliases.resolve(named) {
         Ok(current) => current,
         Err(err @ Unresolved::Ambiguous { .. }) => {
-            return GpuClaim::Refused(format!("it claims CUs on {err}"));
+            return GpuClaim::Refused(ClaimError::Ambiguous(err));
         }
         Err(Unresolved::Unknown { .. }) => named.to_owned(),
     };
-    let gpu = gpu.as_str();
-    let Some(&total) = totals.cus.get(gpu) else {
-        return GpuClaim::Refused(format!(
-            "it claims CUs on GPU {gpu}, which this node does not have"
-        ));
+    let Some(&total) = totals.cus.get(&gpu) else {
+        return GpuClaim::Refused(ClaimError::NotOnNode { gpu });
     };
     if let Some(max) = list.max().filter(|max| *max >= total) {
-        return GpuClaim::Refused(format!(
-            "it claims CU {max} on GPU {gpu}, which has {total} CUs"
-        ));
+        return GpuClaim::Refused(ClaimError::PastEnd { gpu, max, total });
     }
     // A grant below one WGP gets one whole WGP (cu::smallest_share).
-    let unit = totals.units.get(gpu).copied().unwrap_or(1);
-    let allowed = crate::cu::smallest_share(granted.get(gpu).copied().unwrap_or(0), unit);
+    let unit = totals.units.get(&gpu).copied().unwrap_or(1);
+    let allowed = crate::cu::smallest_share(granted.get(&gpu).copied().unwrap_or(0), unit);
     let claimed = list.len();
     if allowed == 0 {
-        return GpuClaim::Refused(format!(
-            "it claims CUs on GPU {gpu}, which HAMi did not grant the pod"
-        ));
+        return GpuClaim::Refused(ClaimError::NotGranted { gpu });
     }
     if claimed > u64::from(allowed) {
-        return GpuClaim::Refused(format!(
-            "it claims {claimed} CUs on GPU {gpu}, HAMi granted the pod {allowed}"
-        ));
+        return GpuClaim::Refused(ClaimError::MoreThanGranted {
+            gpu,
+            claimed,
+            allowed,
+        });
     }
-    let (cus, spare_problem) = match reuse::occupied(pod, gpu, list) {
+    let (cus, spare_problem) = match reuse::occupied(pod, &gpu, list) {
         Ok(cus) => (cus, None),
         Err(why) => (list.clone(), Some(why)),
     };
     GpuClaim::Counted {
-        gpu: gpu.to_owned(),
+        gpu,
         cus,
         spare_problem,
     }
 }
 
 /// The GPUs on which a judged claim counts.
-fn counted_gpus(claims: &Result<Vec<GpuClaim>, String>) -> impl Iterator<Item = &str> {
+fn counted_gpus(claims: &Result<Vec<GpuClaim>, ClaimError>) -> impl Iterator<Item = &str> {
     claims.iter().flatten().filter_map(|claim| match claim {
         GpuClaim::Counted { gpu, cus, .. } if !cus.is_empty() => Some(gpu.as_str()),
         _ => None,
     })
 }
 
-/// Claims a judged claim's CUs in `maps`; returns why parts were left out.
-fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]) -> Vec<String> {
+/// Claims a judged claim's CUs in `maps`; returns why parts were left out
+/// (or count only with another pod's).
+fn apply(
+    claims: &Result<Vec<GpuClaim>, ClaimError>,
+    maps: &mut [(String, CuBitmap)],
+) -> Vec<ClaimError> {
     let claims = match claims {
         Ok(claims) => claims,
         Err(err) => return vec![err.clone()],
@@ -396,27 +398,31 @@ fn apply(claims: &Result<Vec<GpuClaim>, String>, maps: &mut [(String, CuBitmap)]
             } => (gpu, cus, spare_problem),
         };
         let Some((_, map)) = maps.iter_mut().find(|(id, _)| id == gpu) else {
-            problems.push(format!(
-                "it claims CUs on GPU {gpu}, which this node does not have"
-            ));
+            problems.push(ClaimError::NotOnNode { gpu: gpu.clone() });
             continue;
         };
-        problems.extend(spare_problem.iter().cloned());
+        problems.extend(spare_problem.iter().cloned().map(ClaimError::Spare));
         let mut shared = None;
         for r in cus.ranges() {
             match map.occupy(r.start..r.end.saturating_add(1)) {
                 Ok(first) => shared = shared.or(first),
-                Err(err) => problems.push(err.to_string()),
+                Err(err) => problems.push(ClaimError::Occupy(err)),
             }
         }
         if let Some(cu) = shared {
-            problems.push(format!(
-                "CU {cu} of GPU {gpu} is also claimed by another pod (both claims count, so \
-                 neither pod's CUs are handed out again)"
-            ));
+            problems.push(ClaimError::Shared {
+                gpu: gpu.clone(),
+                cu,
+            });
         }
     }
     problems
+}
+
+/// The reason of a claim's Event: each of its problems, in order.
+fn joined(problems: &[ClaimError]) -> String {
+    let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    texts.join("; ")
 }
 
 #[cfg(test)]

@@ -239,17 +239,33 @@ impl Reuse {
     }
 }
 
+/// Why a pod's spare set is not trusted (its whole claim counts then).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SpareError {
+    #[error("{CU_SPARE_KEY}: {0}")]
+    Unparsable(#[source] HamiError),
+    /// The spare set names `count` CUs on `gpu` outside the claim.
+    #[error(
+        "{CU_SPARE_KEY} names {count} CUs on {gpu} that {CU_ALLOCATED_KEY} does not claim \
+         (the first is CU {first})"
+    )]
+    NotClaimed { gpu: String, count: u64, first: u32 },
+}
+
 /// `claimed` without the pod's spare CUs on `gpu` once its init containers
-/// are done and nothing is left to allocate; unchanged otherwise, and when the
-/// spare set is not a subset of the claim (then it is not trusted).
-pub(crate) fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, String> {
+/// are done and nothing is left to allocate; unchanged otherwise.
+///
+/// # Errors
+/// When the spare set does not parse or is not a subset of the claim (then
+/// it is not trusted).
+pub(crate) fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList, SpareError> {
     let pending = non_empty_entries(pod, DevicesAnnotation::ToAllocate).unwrap_or(0) > 0;
     if pending || !init_done(pod) {
         return Ok(claimed.clone());
     }
     let spare = match spare_of(pod) {
         None => return Ok(claimed.clone()),
-        Some(Err(err)) => return Err(format!("{CU_SPARE_KEY}: {err}")),
+        Some(Err(err)) => return Err(SpareError::Unparsable(err)),
         Some(Ok(spare)) => spare,
     };
     let Some(list) = spare.0.get(gpu) else {
@@ -259,12 +275,11 @@ pub(crate) fn occupied(pod: &Pod, gpu: &str, claimed: &CuList) -> Result<CuList,
     // by the GPU yet).
     let outside = list.difference(claimed);
     if let Some(first) = outside.ranges().first() {
-        return Err(format!(
-            "{CU_SPARE_KEY} names {} CUs on {gpu} that {CU_ALLOCATED_KEY} does not claim \
-             (the first is CU {})",
-            outside.len(),
-            first.start
-        ));
+        return Err(SpareError::NotClaimed {
+            gpu: gpu.to_owned(),
+            count: outside.len(),
+            first: first.start,
+        });
     }
     Ok(claimed.difference(list))
 }

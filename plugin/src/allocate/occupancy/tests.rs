@@ -167,6 +167,64 @@ fn a_new_version_of_a_pod_is_judged_again() {
     assert_eq!(kept(&claims), 1, "one entry per pod");
 }
 
+/// The reasons in the Events, word for word: what each untrusted claim is
+/// told.
+#[test]
+fn the_reasons_name_the_gpu_and_the_numbers() {
+    let totals = one_gpu();
+    let honest = pod(
+        "a",
+        "2026-11-29T08:00:00Z",
+        "A,T,1024,76:;",
+        r#"{"A":"0-75"}"#,
+    );
+    let claims = [
+        ("A,T,1024,10:;", r#"{"A":"100-199"}"#),
+        ("B,T,1024,10:;", r#"{"A":"200-209"}"#),
+        ("A,T,1024,10:;", r#"{"A":"70-79"}"#),
+        ("A,T,1024,10:;", r#"{"A":"0-303","C":"0"}"#),
+        ("A,T,1024,400:;", r#"{"A":"0-400"}"#),
+    ];
+    let mut pods = vec![honest];
+    for (i, (allocated, claimed)) in claims.into_iter().enumerate() {
+        pods.push(pod(
+            &format!("p{i}"),
+            "2026-11-29T09:00:00Z",
+            allocated,
+            claimed,
+        ));
+    }
+    let rebuilt =
+        Claims::for_resource("amd.com/gpu").rebuild(&pods, &totals, &|_| false, &|_| true);
+    let reasons: Vec<&str> = rebuilt
+        .distrusted
+        .iter()
+        .map(|d| d.reason.as_str())
+        .collect();
+    assert_eq!(
+        reasons, ["its spec asks for no amd.com/gpu: HAMi grants only pods that do"; 6],
+        "no pod here asks for a GPU"
+    );
+    let rebuilt = Claims::default().rebuild(&pods, &totals, &|_| false, &|_| true);
+    let reasons: Vec<&str> = rebuilt
+        .distrusted
+        .iter()
+        .map(|d| d.reason.as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "it claims 100 CUs on GPU A, HAMi granted the pod 10",
+            "it claims CUs on GPU A, which HAMi did not grant the pod",
+            "CU 70 of GPU A is also claimed by another pod (both claims count, so neither \
+             pod's CUs are handed out again)",
+            "it claims 304 CUs on GPU A, HAMi granted the pod 10; it claims CUs on GPU C, \
+             which this node does not have",
+            "it claims CU 400 on GPU A, which has 304 CUs",
+        ]
+    );
+}
+
 #[test]
 fn a_claim_that_overlaps_another_counts_with_it_and_is_reported() {
     let totals = one_gpu();

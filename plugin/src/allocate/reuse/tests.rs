@@ -203,7 +203,7 @@ fn spare_cus_stop_counting_once_the_init_containers_succeeded() {
 fn a_spare_set_beyond_the_claim_is_not_trusted() {
     let claimed = CuList::parse("0-75").unwrap();
     let forged = finished(init_then_app(";;", Some(r#"{"A":"0-299"}"#)), 0);
-    let err = occupied(&forged, GPU, &claimed).unwrap_err();
+    let err = occupied(&forged, GPU, &claimed).unwrap_err().to_string();
     assert!(
         err.contains("224 CUs") && err.contains("CU 76") && err.contains(CU_SPARE_KEY),
         "{err}"
@@ -228,7 +228,7 @@ fn a_forged_spare_set_is_bounded_by_its_gpu_before_it_is_expanded() {
     // Judged against a claim: refused on the ranges, nothing expanded.
     let done = finished(init_then_app(";;", Some(r#"{"A":"0-2147483646"}"#)), 0);
     let claimed = CuList::parse("0-37").unwrap();
-    let why = occupied(&done, GPU, &claimed).unwrap_err();
+    let why = occupied(&done, GPU, &claimed).unwrap_err().to_string();
     assert!(
         why.contains("2147483609 CUs") && why.contains("first is CU 38"),
         "{why}"
