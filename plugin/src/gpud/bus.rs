@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use zbus::Connection;
+use ipc::proxy::NodeProxy;
+use zbus::{Connection, proxy::CacheProperties};
 
 /// Where amd-gpud is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,4 +43,16 @@ pub(crate) async fn connect(bus: &Bus) -> Result<Connection, SessionError> {
         }
     };
     built.map_err(SessionError::Connect)
+}
+
+/// amd-gpud's Node interface on `conn`, caching no property, so that each
+/// read is amd-gpud's answer now.
+///
+/// # Errors
+/// When the proxy cannot be built on the connection.
+pub(crate) async fn node_proxy(conn: &Connection) -> Result<NodeProxy<'_>, SessionError> {
+    Ok(NodeProxy::builder(conn)
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await?)
 }

@@ -20,7 +20,7 @@ use ipc::{
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use zbus::{Connection, fdo::DBusProxy, proxy::CacheProperties};
+use zbus::{Connection, fdo::DBusProxy};
 
 use super::{
     bus::{Bus, SessionError, connect},
@@ -134,10 +134,7 @@ async fn session(bus: &Bus, feeds: &Feeds, pulse: Duration) -> Result<(), Sessio
     let mut owners = dbus
         .receive_name_owner_changed_with_args(&[(0, BUS_NAME)])
         .await?;
-    let node = NodeProxy::builder(&conn)
-        .cache_properties(CacheProperties::No)
-        .build()
-        .await?;
+    let node = super::bus::node_proxy(&conn).await?;
     let mut changes = node.receive_inventory_changed().await?;
     let name = zbus::names::BusName::try_from(BUS_NAME).map_err(zbus::Error::from)?;
     let owned = dbus

@@ -12,4 +12,4 @@ pub(crate) mod client;
 pub(crate) mod reach;
 pub(crate) mod usage;
 
-pub(crate) use bus::{Bus, SessionError, connect};
+pub(crate) use bus::{Bus, SessionError, connect, node_proxy};

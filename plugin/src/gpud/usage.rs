@@ -6,12 +6,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ipc::{proxy::NodeProxy, usage::Usage};
+use ipc::usage::Usage;
 use tokio::sync::watch;
 use tracing::{debug, warn};
-use zbus::proxy::CacheProperties;
 
-use super::bus::{Bus, SessionError, connect};
+use super::bus::{Bus, SessionError, connect, node_proxy};
 
 /// Between two calls. amd-gpud reads the host at most once per 2 s anyway.
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
@@ -60,10 +59,7 @@ async fn call(bus: &Bus, conn: &mut Option<zbus::Connection>) -> Result<Usage, S
             Some(c) => c,
             None => connect(bus).await?,
         };
-        let node = NodeProxy::builder(&c)
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await?;
+        let node = node_proxy(&c).await?;
         let (mut containers, mut dmem, mut gpus) = node.get_usage().await?;
         *conn = Some(c);
         containers.truncate(MAX_ENTRIES);

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::{
-    gpud::{Bus, SessionError, connect},
+    gpud::{Bus, SessionError, connect, node_proxy},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
     inventory::Snapshot,
     inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
@@ -305,10 +305,7 @@ async fn call(
     allocations_exist: bool,
 ) -> Result<u64, SessionError> {
     let conn = connect(bus).await?;
-    let node = ipc::proxy::NodeProxy::builder(&conn)
-        .cache_properties(zbus::proxy::CacheProperties::No)
-        .build()
-        .await?;
+    let node = node_proxy(&conn).await?;
     let call = node.set_compute_partition(gpu, mode, allocations_exist);
     Ok(tokio::time::timeout(SWITCH_TIMEOUT, call)
         .await

@@ -2,14 +2,12 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use ipc::proxy::NodeProxy;
 use tokio::sync::watch;
 use tracing::debug;
-use zbus::proxy::CacheProperties;
 
 use super::CapSink;
 use crate::{
-    gpud::{Bus, SessionError, connect},
+    gpud::{Bus, SessionError, connect, node_proxy},
     inventory::Snapshot,
 };
 
@@ -38,10 +36,7 @@ impl CapSink for GpudCaps {
         Box::pin(async move {
             let call = async {
                 let conn = connect(&bus).await?;
-                let node = NodeProxy::builder(&conn)
-                    .cache_properties(CacheProperties::No)
-                    .build()
-                    .await?;
+                let node = node_proxy(&conn).await?;
                 let limits: std::collections::HashMap<&str, u64> =
                     limits.iter().map(|(k, v)| (k.as_str(), *v)).collect();
                 let cgroup = node.set_pod_vram_limits(&uid, limits).await?;
