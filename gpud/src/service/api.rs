@@ -16,7 +16,9 @@ use crate::{
 /// [`Published`] changes. Cheap to share; never locked.
 #[derive(Debug, Default)]
 pub struct Snapshot {
-    pub registry: Registry,
+    /// Shared with the service task until its next change (copy on write),
+    /// so that a daemon at rest holds one copy of the registry.
+    pub registry: Arc<Registry>,
     pub meta: Meta,
 }
 

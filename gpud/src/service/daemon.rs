@@ -179,7 +179,7 @@ impl Daemon {
         meta_changed: bool,
     ) -> Result<Arc<Snapshot>, ScanError> {
         let state = Arc::new(Snapshot {
-            registry: self.service.registry().clone(),
+            registry: self.service.shared_registry(),
             meta: self.service.meta().clone(),
         });
         let (applied, done) = oneshot::channel();

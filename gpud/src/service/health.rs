@@ -109,7 +109,7 @@ impl Service {
             tracing::warn!(object = ?key, health = shown.health.as_str(), reason = %shown.reason, "health changed");
         }
         if !changed.is_empty() {
-            self.registry.note_change();
+            Arc::make_mut(&mut self.registry).note_change();
         }
         Update {
             changed,

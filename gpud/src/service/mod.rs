@@ -72,7 +72,10 @@ pub struct Meta {
 #[derive(Debug)]
 pub struct Service {
     config: ServiceConfig,
-    registry: Registry,
+    /// Shared with the last [`Snapshot`] published; changed through
+    /// `Arc::make_mut`, which copies it only while a transport still holds
+    /// the snapshot.
+    registry: Arc<Registry>,
     meta: Meta,
     amdsmi: Option<AmdSmiReport>,
     dmem: Arc<Dmem>,
@@ -97,7 +100,7 @@ impl Service {
             ids,
             health: Monitor::new(config.health.params),
             config,
-            registry: Registry::default(),
+            registry: Arc::default(),
             meta,
             amdsmi: None,
             dmem,
@@ -113,6 +116,11 @@ impl Service {
 
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The registry, shared, for a [`Snapshot`].
+    pub fn shared_registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry)
     }
 
     pub fn meta(&self) -> &Meta {
@@ -133,7 +141,13 @@ impl Service {
         }
         self.meta.kfd_generation = inventory.generation_id;
         self.meta.warnings = inventory.warnings.clone();
-        let update = self.registry.apply(&inventory);
+        // A read that changes nothing (most periodic rescans) leaves the
+        // shared registry alone rather than copy it.
+        let update = if self.registry.unchanged_by(&inventory) {
+            Update::default()
+        } else {
+            Arc::make_mut(&mut self.registry).apply(&inventory)
+        };
         if !update.is_empty() {
             info!(
                 added = update.added.len(),
@@ -144,5 +158,59 @@ impl Service {
             );
         }
         update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{registry::tests as reads, *};
+    use crate::amdsmi::LibrarySource;
+
+    fn service(root: &std::path::Path) -> Service {
+        Service::new(ServiceConfig {
+            paths: HostPaths::under(root),
+            amdsmi: AmdSmiConfig {
+                library: LibrarySource::Disabled,
+                helper: Vec::new(),
+                timeout: Duration::from_secs(1),
+                child_env: Vec::new(),
+            },
+            allowed_uids: vec![0],
+            dmem: DmemConfig::default(),
+            cdi: false,
+            health: HealthConfig::default(),
+            loader: crate::loader_check::config::LoaderConfig {
+                containerd_socket: root.join("containerd.sock"),
+                containerd_namespace: "k8s.io".into(),
+                memory_hook: root.join("hook.so"),
+            },
+        })
+    }
+
+    /// A daemon at rest holds one registry, shared with the snapshot it
+    /// published; a read that changes nothing keeps it shared, and a change
+    /// copies it without touching what the transport still shows.
+    #[test]
+    fn the_published_registry_is_shared_until_a_change() {
+        let root = tempfile::tempdir().unwrap();
+        let mut service = service(root.path());
+        let read = reads::inventory(vec![reads::gpu("0000:05:00.0", vec![reads::part(0, 38)])]);
+        assert!(!service.fold(read.clone()).is_empty());
+        let shown = service.shared_registry();
+        assert!(service.fold(read).is_empty());
+        assert!(Arc::ptr_eq(&shown, &service.shared_registry()));
+
+        let grown = reads::gpu("0000:05:00.0", vec![reads::part(0, 38), reads::part(1, 38)]);
+        assert!(!service.fold(reads::inventory(vec![grown])).is_empty());
+        assert!(!Arc::ptr_eq(&shown, &service.shared_registry()));
+        let bdf = "0000:05:00.0".parse().unwrap();
+        assert_eq!(
+            shown.partition_indices(bdf),
+            [0],
+            "the shown copy is unchanged"
+        );
+        assert_eq!(service.registry().partition_indices(bdf), [0, 1]);
     }
 }

@@ -93,6 +93,23 @@ impl Registry {
         update
     }
 
+    /// Whether [`Registry::apply`] would find nothing to change: every GPU
+    /// read is present here and equal (its partitions with it), and no GPU
+    /// present here is missing from the read.
+    pub fn unchanged_by(&self, inventory: &Inventory) -> bool {
+        let present = self
+            .gpus
+            .values()
+            .filter(|t| t.presence == Presence::Present)
+            .count();
+        present == inventory.gpus.len()
+            && inventory.gpus.iter().all(|gpu| {
+                self.gpus
+                    .get(&gpu.bdf)
+                    .is_some_and(|t| t.presence == Presence::Present && t.gpu == *gpu)
+            })
+    }
+
     fn apply_gpu(&mut self, gpu: &Gpu, update: &mut Update) {
         let Some(tracked) = self.gpus.get_mut(&gpu.bdf) else {
             update.added.push(ObjectKey::Gpu(gpu.bdf));
@@ -167,11 +184,11 @@ impl Registry {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::inventory::{AmdSmiSummary, RestoreProps};
 
-    fn part(index: u32, cus: u32) -> Partition {
+    pub(in crate::service) fn part(index: u32, cus: u32) -> Partition {
         Partition {
             index,
             kfd_node: 2 + index,
@@ -187,7 +204,7 @@ mod tests {
         }
     }
 
-    fn gpu(bdf: &str, parts: Vec<Partition>) -> Gpu {
+    pub(in crate::service) fn gpu(bdf: &str, parts: Vec<Partition>) -> Gpu {
         Gpu {
             bdf: bdf.parse().unwrap(),
             rocr_uuid: None,
@@ -215,7 +232,7 @@ mod tests {
         }
     }
 
-    fn inventory(gpus: Vec<Gpu>) -> Inventory {
+    pub(in crate::service) fn inventory(gpus: Vec<Gpu>) -> Inventory {
         Inventory {
             gpus,
             cpus: vec![],
@@ -282,5 +299,43 @@ mod tests {
         assert_eq!(update.missing, [ObjectKey::Partition(bdf, 1)]);
         assert_eq!(reg.partition_indices(bdf), [0, 1]);
         assert_eq!(reg.generation(), 2);
+    }
+
+    /// `unchanged_by` is the service's shortcut past `apply`: it must say
+    /// "unchanged" exactly when `apply` would report nothing, over a
+    /// sequence of reads that adds, changes, loses and restores devices.
+    #[test]
+    fn unchanged_by_agrees_with_apply_on_every_kind_of_change() {
+        let a = gpu("0000:05:00.0", vec![part(0, 38), part(1, 38)]);
+        let b = gpu("0000:15:00.0", vec![part(0, 38)]);
+        let a_one_part = gpu("0000:05:00.0", vec![part(0, 76)]);
+        let reads = [
+            inventory(vec![]),
+            inventory(vec![a.clone()]),
+            inventory(vec![a.clone()]),
+            inventory(vec![a.clone(), b.clone()]),
+            inventory(vec![a.clone(), b.clone()]),
+            inventory(vec![a_one_part.clone(), b.clone()]),
+            inventory(vec![a.clone(), b.clone()]),
+            inventory(vec![b.clone()]),
+            inventory(vec![b.clone()]),
+            inventory(vec![a.clone(), b.clone()]),
+            inventory(vec![]),
+            inventory(vec![]),
+        ];
+        let mut reg = Registry::default();
+        let mut verdicts = Vec::new();
+        for (n, read) in reads.iter().enumerate() {
+            let predicted = reg.unchanged_by(read);
+            let applied = reg.apply(read);
+            assert_eq!(predicted, applied.is_empty(), "read {n}: {applied:?}");
+            verdicts.push(predicted);
+        }
+        assert_eq!(
+            verdicts,
+            [
+                true, false, true, false, true, false, false, false, true, false, false, true
+            ]
+        );
     }
 }
