@@ -79,7 +79,8 @@ fn main() -> anyhow::Result<()> {
         us(ping.1)
     );
     println!(
-        "| `ipc::proxy::read_gpu` (one GetAll, 18 properties) | {} | {} |",
+        "| `ipc::proxy::read_gpu` (one GetAll, {} properties) | {} | {} |",
+        ipc::types::GpuInfo::PROPERTY_NAMES.len(),
         us(read.0),
         us(read.1)
     );
