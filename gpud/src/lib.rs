@@ -26,6 +26,7 @@ pub(crate) mod pci;
 pub(crate) mod published_ids;
 pub(crate) mod restore_check;
 pub(crate) mod service;
+pub(crate) mod state_file;
 pub mod testing;
 pub(crate) mod topology;
 pub(crate) mod usage;

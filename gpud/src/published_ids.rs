@@ -13,7 +13,6 @@
 
 use std::{
     fs,
-    io::{self, Write},
     path::{Path, PathBuf},
     sync::Mutex,
 };
@@ -21,11 +20,16 @@ use std::{
 use serde::{Deserialize, Serialize};
 use tracing::{error, info};
 
-use crate::inventory::{Gpu, Inventory};
+use crate::{
+    inventory::{Gpu, Inventory},
+    state_file::{self, FileError},
+};
 
 /// The file under the state directory.
 pub const FILE_NAME: &str = "published-ids.json";
-/// Larger files are refused unread.
+/// Larger files are refused unread. A full file ([`MAX_ENTRIES`] entries
+/// of a 12-byte address, a 20-digit `unique_id` and an ID of
+/// [`MAX_ID_LEN`], pretty-printed: about 240 bytes each) is about 240 KiB.
 const MAX_FILE_BYTES: u64 = 1 << 20;
 /// More entries than this are not kept (a node has a few dozen GPUs).
 const MAX_ENTRIES: usize = 1024;
@@ -36,14 +40,8 @@ const VERSION: u32 = 1;
 /// Why the file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum IdsError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-    #[error("{path} is {size} bytes, more than the {MAX_FILE_BYTES} accepted")]
-    TooLarge { path: String, size: u64 },
+    #[error("the published IDs: {0}")]
+    File(#[from] FileError),
     #[error("{path} is not a published-ID file: {source}")]
     Parse {
         path: String,
@@ -52,11 +50,11 @@ pub enum IdsError {
     },
     #[error("{path}: {why}")]
     Invalid { path: String, why: String },
-    #[error("cannot write {path}: {source}")]
-    Write {
+    #[error("cannot encode the published IDs for {path}: {source}")]
+    Encode {
         path: String,
         #[source]
-        source: io::Error,
+        source: serde_json::Error,
     },
 }
 
@@ -169,26 +167,9 @@ fn clean(id: &str) -> bool {
 
 fn read(path: &Path) -> Result<Vec<Entry>, IdsError> {
     let shown = || path.display().to_string();
-    let size = match fs::metadata(path) {
-        Ok(meta) => meta.len(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(IdsError::Read {
-                path: shown(),
-                source,
-            });
-        }
+    let Some(bytes) = state_file::read_bounded(path, MAX_FILE_BYTES)? else {
+        return Ok(Vec::new());
     };
-    if size > MAX_FILE_BYTES {
-        return Err(IdsError::TooLarge {
-            path: shown(),
-            size,
-        });
-    }
-    let bytes = fs::read(path).map_err(|source| IdsError::Read {
-        path: shown(),
-        source,
-    })?;
     let stored: Stored = serde_json::from_slice(&bytes).map_err(|source| IdsError::Parse {
         path: shown(),
         source,
@@ -212,27 +193,18 @@ fn read(path: &Path) -> Result<Vec<Entry>, IdsError> {
     Ok(stored.devices)
 }
 
-/// Writes `entries` whole or not at all: a temporary file, synced, renamed
-/// over the old one, and the directory synced.
+/// Writes `entries` whole or not at all ([`state_file::replace`]).
 fn write(path: &Path, entries: &[Entry]) -> Result<(), IdsError> {
-    let fail = |source| IdsError::Write {
-        path: path.display().to_string(),
-        source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(fail)?;
     let stored = Stored {
         version: VERSION,
         devices: entries.to_vec(),
     };
-    let mut text = serde_json::to_vec_pretty(&stored).map_err(|e| fail(io::Error::other(e)))?;
+    let mut text = serde_json::to_vec_pretty(&stored).map_err(|source| IdsError::Encode {
+        path: path.display().to_string(),
+        source,
+    })?;
     text.push(b'\n');
-    let temp = path.with_extension("json.tmp");
-    let mut file = fs::File::create(&temp).map_err(fail)?;
-    file.write_all(&text).map_err(fail)?;
-    file.sync_all().map_err(fail)?;
-    fs::rename(&temp, path).map_err(fail)?;
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(fail)
+    Ok(state_file::replace(path, &text, 0o644)?)
 }
 
 #[cfg(test)]

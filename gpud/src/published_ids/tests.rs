@@ -1,5 +1,8 @@
+use std::os::unix::fs::symlink;
+
 use super::*;
 use crate::inventory::Gpu;
+use crate::state_file::tests::{mkfifo, within_seconds};
 
 fn gpu(bdf: &str, unique_id: u64, amdsmi: Option<&str>) -> Gpu {
     Gpu {
@@ -141,11 +144,13 @@ fn an_oversized_file_is_refused_unread() {
     let file = std::fs::File::create(&path).unwrap();
     file.set_len(MAX_FILE_BYTES + 1).unwrap();
     let err = read(&path).unwrap_err();
-    assert!(matches!(err, IdsError::TooLarge { .. }), "{err}");
     assert!(
-        err.to_string().contains(&path.display().to_string()),
+        matches!(err, IdsError::File(FileError::TooLarge { .. })),
         "{err}"
     );
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{err}");
+    assert!(text.contains(&MAX_FILE_BYTES.to_string()), "{err}");
 }
 
 #[test]
@@ -159,4 +164,57 @@ fn nothing_is_written_when_no_id_is_new() {
     store.stamp(&mut inv);
     assert!(!path.exists(), "no write for known IDs");
     assert!(!dir.path().join("published-ids.json.tmp").exists());
+}
+
+/// A link to `/dev/zero` or a FIFO where the file goes: the old reader
+/// followed the link (a size of 0, then a read that never ends) or blocked
+/// on the FIFO. Now the load returns at once, moves it aside and starts
+/// afresh.
+#[test]
+fn a_file_linked_to_dev_zero_or_a_fifo_is_refused_at_once() {
+    for fifo in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        if fifo {
+            mkfifo(&path);
+        } else {
+            symlink("/dev/zero", &path).unwrap();
+        }
+        let err = within_seconds({
+            let path = path.clone();
+            move || read(&path)
+        })
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+        let at = dir.path().to_owned();
+        let store = within_seconds(move || PublishedIds::load(&at));
+        assert!(dir.path().join("published-ids.json.bad").exists());
+        let mut inv = inventory(vec![gpu("0000:05:00.0", 1, None)]);
+        store.stamp(&mut inv);
+        assert_eq!(read(&path).unwrap().len(), 1, "a regular file replaced it");
+    }
+}
+
+/// The old writer wrote through `published-ids.json.tmp`: a link planted
+/// there made root overwrite its target.
+#[test]
+fn a_link_planted_at_a_temporary_name_does_not_redirect_the_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    for name in ["published-ids.json.tmp", ".published-ids.json.tmp"] {
+        symlink(&victim, dir.path().join(name)).unwrap();
+    }
+    let store = PublishedIds::load(dir.path());
+    let mut inv = inventory(vec![gpu("0000:05:00.0", 1, None)]);
+    store.stamp(&mut inv);
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    let path = dir.path().join(FILE_NAME);
+    assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+    assert_eq!(read(&path).unwrap().len(), 1);
+    let left = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(left, 4, "the file, the victim, the two links: no temporary");
 }
