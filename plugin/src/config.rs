@@ -143,15 +143,28 @@ pub(crate) struct Cli {
         value_name = "DIR"
     )]
     pub(crate) loader_hook_root: PathBuf,
-    /// Where to serve /metrics (Prometheus), /healthz and /readyz (the
-    /// DaemonSet's probes): `ADDRESS:PORT`, or `none`.
+    /// Where to serve /metrics (Prometheus): `ADDRESS:PORT`, or `none`. It
+    /// answers /healthz and /readyz too, for probes set up before
+    /// `--probe-address`.
     #[arg(
         long,
         env = "AMDGPU_DP_METRICS_ADDRESS",
         default_value = DEFAULT_METRICS_ADDRESS,
-        value_name = "ADDR:PORT|none"
+        value_name = "ADDR:PORT|none",
+        value_parser = ListenAddress::metrics
     )]
-    pub(crate) metrics_address: MetricsAddress,
+    pub(crate) metrics_address: ListenAddress,
+    /// Where to serve /healthz and /readyz (the DaemonSet's probes) on a
+    /// listener of their own, which peers filling the metrics port cannot
+    /// reach: `ADDRESS:PORT`, or `none`.
+    #[arg(
+        long,
+        env = "AMDGPU_DP_PROBE_ADDRESS",
+        default_value = DEFAULT_PROBE_ADDRESS,
+        value_name = "ADDR:PORT|none",
+        value_parser = ListenAddress::probes
+    )]
+    pub(crate) probe_address: ListenAddress,
     /// Seconds between full re-reads of amd-gpud's inventory and health,
     /// besides its change signals (a missed signal costs at most one pulse);
     /// 0 turns these re-reads off, and health then follows amd-gpud's
@@ -174,27 +187,58 @@ pub(crate) struct Cli {
 /// pod's own network namespace, behind its NetworkPolicy.
 pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9400";
 
-/// `--metrics-address`.
+/// Default `--probe-address`: loopback like the metrics, port 9401 (the
+/// chart's too): next to the metrics port, and not 9394, HAMi's vGPU
+/// monitor's (Project-HAMi/HAMi:cmd/vGPUmonitor/main.go), which this
+/// plugin's vGPU series may move to.
+pub(crate) const DEFAULT_PROBE_ADDRESS: &str = "127.0.0.1:9401";
+
+/// `--metrics-address` and `--probe-address`: where to listen, or not at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MetricsAddress {
+pub(crate) enum ListenAddress {
     None,
     At(SocketAddr),
 }
 
-impl FromStr for MetricsAddress {
-    type Err = InvalidChoice;
+impl ListenAddress {
+    /// `--metrics-address`, or its environment twin.
+    pub(crate) fn metrics(value: &str) -> Result<Self, InvalidChoice> {
+        Self::parse(
+            value,
+            "--metrics-address (AMDGPU_DP_METRICS_ADDRESS)",
+            "ADDRESS:PORT (e.g. 127.0.0.1:9400) or none",
+        )
+    }
 
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
+    /// `--probe-address`, or its environment twin.
+    pub(crate) fn probes(value: &str) -> Result<Self, InvalidChoice> {
+        Self::parse(
+            value,
+            "--probe-address (AMDGPU_DP_PROBE_ADDRESS)",
+            "ADDRESS:PORT (e.g. 127.0.0.1:9401) or none",
+        )
+    }
+
+    fn parse(
+        value: &str,
+        what: &'static str,
+        expected: &'static str,
+    ) -> Result<Self, InvalidChoice> {
         if value == "none" {
             return Ok(Self::None);
         }
-        value.parse().map(Self::At).map_err(|_| {
-            InvalidChoice::new(
-                "--metrics-address",
-                "ADDRESS:PORT (e.g. 127.0.0.1:9400) or none",
-                value,
-            )
-        })
+        value
+            .parse()
+            .map(Self::At)
+            .map_err(|_| InvalidChoice::new(what, expected, value))
+    }
+
+    /// The port to listen on, if any.
+    pub(crate) fn port(self) -> Option<u16> {
+        match self {
+            Self::At(address) => Some(address.port()),
+            Self::None => None,
+        }
     }
 }
 
@@ -298,15 +342,47 @@ mod tests {
         assert!(err.to_string().contains("\"yes\""), "{err}");
         assert_eq!(
             Cli::parse_from(["x"]).metrics_address,
-            MetricsAddress::At("127.0.0.1:9400".parse().unwrap())
+            ListenAddress::At("127.0.0.1:9400".parse().unwrap())
         );
         let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
-        assert_eq!(cli.metrics_address, MetricsAddress::None);
+        assert_eq!(cli.metrics_address, ListenAddress::None);
         let err = Cli::try_parse_from(["x", "--metrics-address", "9400"]).unwrap_err();
         assert!(err.to_string().contains("ADDRESS:PORT"), "{err}");
         assert!(
             err.to_string().contains(DEFAULT_METRICS_ADDRESS),
             "the example is the default: {err}"
         );
+    }
+
+    #[test]
+    fn probe_address() {
+        let probes = Cli::parse_from(["x"]).probe_address;
+        assert_eq!(probes, ListenAddress::At("127.0.0.1:9401".parse().unwrap()));
+        let metrics = ListenAddress::metrics(DEFAULT_METRICS_ADDRESS).unwrap();
+        assert_ne!(probes.port(), metrics.port(), "the metrics port");
+        assert_ne!(probes.port(), Some(9394), "HAMi's vGPU monitor port");
+        let cli = Cli::parse_from(["x", "--probe-address", "none"]);
+        assert_eq!(
+            (cli.probe_address, cli.probe_address.port()),
+            (ListenAddress::None, None)
+        );
+        let cli = Cli::parse_from(["x", "--probe-address", "[::1]:19401"]);
+        assert_eq!(cli.probe_address.port(), Some(19401));
+        let err = Cli::try_parse_from(["x", "--probe-address", "localhost"]).unwrap_err();
+        let err = err.to_string();
+        for part in [
+            "\"localhost\"",
+            "--probe-address",
+            "AMDGPU_DP_PROBE_ADDRESS",
+            DEFAULT_PROBE_ADDRESS,
+        ] {
+            assert!(err.contains(part), "{part} in {err}");
+        }
+        let command = <Cli as clap::CommandFactory>::command();
+        let env = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some("probe-address"))
+            .and_then(clap::Arg::get_env);
+        assert_eq!(env, Some(std::ffi::OsStr::new("AMDGPU_DP_PROBE_ADDRESS")));
     }
 }

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::{
-    config::MetricsAddress,
+    config::ListenAddress,
     gpud::Bus,
     inventory::{DeviceTable, partition},
     metrics::Metrics,
@@ -127,10 +127,10 @@ fn sandbox_plan(cli: &Cli, kube_config: Option<&::kube::Config>) -> sandbox::Pla
         read,
         write: vec![cli.kubelet_dir.clone(), "/dev/null".into()],
         connect: kube_config.map(kube::api_port).into_iter().collect(),
-        bind: match cli.metrics_address {
-            MetricsAddress::At(address) => vec![address.port()],
-            MetricsAddress::None => Vec::new(),
-        },
+        bind: [cli.metrics_address, cli.probe_address]
+            .into_iter()
+            .filter_map(ListenAddress::port)
+            .collect(),
     }
 }
 
@@ -175,11 +175,11 @@ pub(crate) async fn serve(
         snapshots: snapshots.clone(),
         caches: side.as_ref().map(|s| s.caches.clone()),
         split_count: cli.split_count,
-        usage: matches!(cli.metrics_address, MetricsAddress::At(_))
+        usage: matches!(cli.metrics_address, ListenAddress::At(_))
             .then(|| gpud::usage::spawn(bus.clone(), gpud::usage::EVERY)),
         node_name: cli.node_name.clone(),
     };
-    let server = start_metrics(cli.metrics_address, exporter).await?;
+    let servers = start_http(&cli, exporter).await?;
     let config = kubelet::KubeletConfig {
         kubelet_socket: cli.kubelet_socket(),
         socket: cli.socket_path(),
@@ -193,7 +193,7 @@ pub(crate) async fn serve(
     };
     let served = kubelet::run(config, devices, shutdown_signal()?).await;
     stop.send_replace(true);
-    if let Some(server) = server {
+    for server in servers {
         server.abort();
     }
     served?;
@@ -355,20 +355,32 @@ fn start_kube(
     }
 }
 
-/// Binds `--metrics-address` and serves it in the background.
-async fn start_metrics(
-    address: MetricsAddress,
+/// Binds `--metrics-address` and `--probe-address` and serves them in the
+/// background, each with its own connection slots.
+async fn start_http(
+    cli: &Cli,
     exporter: metrics::NodeExporter,
-) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let MetricsAddress::At(address) = address else {
-        info!("--metrics-address none: no /metrics, /healthz or /readyz");
-        return Ok(None);
-    };
-    let listener = metrics::server::bind(address).await?;
-    Ok(Some(tokio::spawn(metrics::server::serve(
-        listener,
-        Arc::new(exporter),
-    ))))
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    use metrics::server::{self, Limits, Routes};
+    let exporter: Arc<dyn metrics::Exporter> = Arc::new(exporter);
+    let mut servers = Vec::new();
+    for (address, routes) in [
+        (cli.metrics_address, Routes::Metrics),
+        (cli.probe_address, Routes::Probes),
+    ] {
+        let ListenAddress::At(address) = address else {
+            info!("{} none: not served", routes.flag());
+            continue;
+        };
+        let listener = server::bind(address, routes).await?;
+        servers.push(tokio::spawn(server::serve(
+            listener,
+            exporter.clone(),
+            routes,
+            Limits::default(),
+        )));
+    }
+    Ok(servers)
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -417,4 +429,23 @@ fn init_tracing(filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// Landlock lets the plugin bind only the ports the plan names: a
+    /// listener left out would fail the start under `--sandbox required`.
+    #[test]
+    fn the_sandbox_lets_each_listener_bind() {
+        let cli = Cli::parse_from(["x"]);
+        assert_eq!(sandbox_plan(&cli, None).bind, [9400, 9401]);
+        let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
+        assert_eq!(sandbox_plan(&cli, None).bind, [9401]);
+        let cli = Cli::parse_from(["x", "--probe-address", "none"]);
+        assert_eq!(sandbox_plan(&cli, None).bind, [9400]);
+    }
 }

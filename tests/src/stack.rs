@@ -162,8 +162,9 @@ pub fn name_has_owner(bus: &PrivateBus) -> io::Result<bool> {
 
 /// `fake-node plugin` (amd-device-plugin) against `kubelet_dir` and `bus`,
 /// without the Kubernetes API unless `extra` passes `--kube`, and without the
-/// metrics server unless `extra` passes `--metrics-address` (plugins running
-/// side by side would fight over the default port).
+/// metrics and probe listeners unless `extra` passes `--metrics-address` or
+/// `--probe-address` (plugins running side by side would fight over the
+/// default ports).
 ///
 /// # Errors
 /// When it cannot be spawned.
@@ -181,6 +182,7 @@ where
         // No Kubernetes API unless `extra` names one (the flag wins over the env twin).
         .env("AMDGPU_DP_KUBE", "none")
         .env("AMDGPU_DP_METRICS_ADDRESS", "none")
+        .env("AMDGPU_DP_PROBE_ADDRESS", "none")
         .args(["plugin", "--bus-address"])
         .arg(&bus.address)
         .arg("--kubelet-dir")

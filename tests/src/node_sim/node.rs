@@ -439,8 +439,10 @@ pub fn start_plugin(
         "best-effort".into(),
         "--cdi".into(),
         host.cdi.to_string().into(),
-        // Two simulated nodes run side by side: no fixed metrics port.
+        // Two simulated nodes run side by side: no fixed metrics or probe port.
         "--metrics-address".into(),
+        "none".into(),
+        "--probe-address".into(),
         "none".into(),
     ];
     let child = Command::new(&host.exe)

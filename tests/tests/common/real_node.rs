@@ -127,7 +127,10 @@ impl PluginNode {
 
 fn spawn((program, args): &(PathBuf, Vec<OsString>), log: Option<&Path>) -> stack::Process {
     let mut command = Command::new(program);
-    command.args(args).env("AMDGPU_DP_METRICS_ADDRESS", "none");
+    command
+        .args(args)
+        .env("AMDGPU_DP_METRICS_ADDRESS", "none")
+        .env("AMDGPU_DP_PROBE_ADDRESS", "none");
     if let Some(log) = log {
         let file = std::fs::OpenOptions::new()
             .create(true)
