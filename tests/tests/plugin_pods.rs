@@ -238,3 +238,100 @@ async fn forged_claims() {
         assert_eq!(events_about(&w.api, pod), 1, "{pod}");
     }
 }
+
+#[test]
+fn a_pod_bound_without_the_lock_is_admitted_whatever_the_lock_says() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), racing_binds());
+}
+
+/// Issue 35, point 1, as real HAMi v2.10.0 did it: HAMi takes the node lock
+/// for an app pod, and before that pod's Binding binds a pod whose AMD
+/// request is in init containers only, without the lock; kubelet admits the
+/// second pod at once. Then a lock that outlived its pod.
+async fn racing_binds() {
+    let w = world().await;
+    let (g2, g3) = (&w.gpus[2], &w.gpus[3]);
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    hami.lock_before_binding(&w.api, "r-app", &[vec![grant(g2, 1024, 76)]], 500);
+    let init = vec![vec![grant(g3, 2048, 38)]];
+    hami.bind_staged(&w.api, "r-init", &init, &[], 501);
+    settle().await;
+    assert_eq!(
+        mask(&w, g3, 0).await,
+        "0:0-37",
+        "the init-only pod, bound while r-app holds the lock"
+    );
+    assert_eq!(
+        pod_annotation(&w.api, "r-init", "hami.io/bind-phase").as_deref(),
+        Some("success")
+    );
+    assert_eq!(
+        common::world::lock(&w.api).as_deref(),
+        Some("2026-11-29T08:00:00Z,default,r-app"),
+        "r-app's lock is r-app's to release"
+    );
+    hami.complete_binding(&w.api, "r-app");
+    settle().await;
+    assert_eq!(mask(&w, g2, 0).await, "0:0-75", "the lock owner, bound now");
+    assert!(released(&w.api).await, "r-app's lock is released");
+
+    // A lock whose owner is gone: init-only pods are admitted all the same.
+    hami.stale_lock(&w.api, "gone");
+    hami.bind_staged(&w.api, "s-init", &init, &[], 502);
+    settle().await;
+    assert_eq!(
+        mask(&w, g3, 1).await,
+        "0:38-75",
+        "r-init's init CUs stay held"
+    );
+    assert_eq!(
+        pod_annotation(&w.api, "s-init", "hami.io/bind-phase").as_deref(),
+        Some("success")
+    );
+    assert!(
+        common::world::lock(&w.api).is_some(),
+        "a stale lock is HAMi's to take over, not ours to release"
+    );
+    // No refusal was reported on the way.
+    let refused = w
+        .api
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == "AllocateRefused" || e["reason"] == "AllocateFailed");
+    assert_eq!(refused.count(), 0, "{:?}", w.api.events());
+}
+
+#[test]
+fn a_refused_allocate_is_a_warning_event_on_the_node() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), async {
+        let w = world().await;
+        let g4 = &w.gpus[4];
+        let refused = w.kubelet.allocate(vec![format!("{}#0", g4.id)]).await;
+        let err = refused.unwrap_err().to_string();
+        assert!(err.contains("no binding pod found"), "{err}");
+        let start = Instant::now();
+        while !w.api.events().iter().any(|e| {
+            e["reason"] == "AllocateRefused"
+                && e["regarding"]["kind"] == "Node"
+                && e["type"] == "Warning"
+                && e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("no binding pod found"))
+        }) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{:?}",
+                w.api.events()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}

@@ -42,11 +42,20 @@ fn unknown(socket: &Path, why: &str) -> Admitted {
     Admitted::Unknown
 }
 
+/// A pod as pod-resources names it: `(namespace, name)`.
+type PodKey = (String, String);
+
 /// The pods kubelet admitted with devices of our resource, when known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Admitted {
-    /// `(namespace, name)` of each pod pod-resources lists with our devices.
-    Listed(HashSet<(String, String)>),
+    Listed {
+        /// Each pod pod-resources lists with our devices.
+        with_devices: HashSet<PodKey>,
+        /// Each pod it lists at all: those kubelet has taken in, the one it
+        /// is admitting now among them (kubelet adds a pod to its pod
+        /// manager before admitting it, one pod at a time).
+        known: HashSet<PodKey>,
+    },
     /// pod-resources is off or did not answer: every pod counts.
     Unknown,
 }
@@ -56,10 +65,15 @@ impl Admitted {
     pub(crate) fn admits(&self, pod: &Pod) -> bool {
         match self {
             Self::Unknown => true,
-            Self::Listed(pods) => {
-                let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-                pods.contains(&key)
-            }
+            Self::Listed { with_devices, .. } => with_devices.contains(&key_of(pod)),
+        }
+    }
+
+    /// The pods kubelet has taken in, when known.
+    pub(crate) fn known(&self) -> Option<&HashSet<PodKey>> {
+        match self {
+            Self::Unknown => None,
+            Self::Listed { known, .. } => Some(known),
         }
     }
 
@@ -70,23 +84,36 @@ impl Admitted {
         };
         match tokio::time::timeout(LIST_TIMEOUT, list_pod_resources(socket)).await {
             Ok(Ok(list)) => {
-                let pods: HashSet<(String, String)> = list
-                    .pod_resources
-                    .into_iter()
-                    .filter(|p| {
-                        p.containers.iter().any(|c| {
-                            c.devices
-                                .iter()
-                                .any(|d| d.resource_name == resource && !d.device_ids.is_empty())
-                        })
-                    })
-                    .map(|p| (p.namespace, p.name))
-                    .collect();
-                debug!(pods = pods.len(), "pods kubelet admitted with {resource}");
-                Self::Listed(pods)
+                let (mut with_devices, mut known) = (HashSet::new(), HashSet::new());
+                for pod in list.pod_resources {
+                    let ours = pod.containers.iter().any(|c| {
+                        c.devices
+                            .iter()
+                            .any(|d| d.resource_name == resource && !d.device_ids.is_empty())
+                    });
+                    let key = (pod.namespace, pod.name);
+                    if ours {
+                        with_devices.insert(key.clone());
+                    }
+                    known.insert(key);
+                }
+                debug!(
+                    pods = with_devices.len(),
+                    known = known.len(),
+                    "pods kubelet admitted with {resource}"
+                );
+                Self::Listed {
+                    with_devices,
+                    known,
+                }
             }
             Ok(Err(why)) => unknown(socket, &why.to_string()),
             Err(_) => unknown(socket, &format!("no answer within {LIST_TIMEOUT:?}")),
         }
     }
+}
+
+/// `pod` as pod-resources names it.
+fn key_of(pod: &Pod) -> PodKey {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
 }

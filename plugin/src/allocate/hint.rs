@@ -15,7 +15,7 @@ use std::{collections::HashSet, future::Future, pin::Pin, sync::Arc};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::{Allocator, pod};
+use super::{Allocator, admitted::Admitted, pod};
 use crate::{
     hami::{DevicesAnnotation, TO_ALLOCATE_KEY, parse_pod_devices},
     preferred::{AllocationHint, parse_slot},
@@ -60,10 +60,14 @@ impl Allocator {
         let node = self.caches.node();
         let (mark, cached) = self.caches.pods_with_mark();
         let (pods, _) = self.ours.view(mark, cached);
-        if let Ok(pod) = pod::find(node.as_deref(), &pods, self.wanted(size)) {
-            return Some(pod);
-        }
-        let pod = self.lock_owner_from_api(size).await?;
+        let resource = &self.config.resource_name;
+        let admitted = Admitted::read(self.config.pod_resources.as_deref(), resource).await;
+        let wanted = self.wanted(size, &admitted);
+        let err = match pod::find(node.as_deref(), &pods, wanted, pod::Source::Cache) {
+            Ok(pod) => return Some(pod),
+            Err(err) => err,
+        };
+        let pod = self.pod_from_api(wanted, err).await.ok()?;
         self.ours.learned(Arc::clone(&pod));
         Some(pod)
     }

@@ -17,35 +17,49 @@ use crate::{
 
 impl Allocator {
     /// Off the happy path: the cached view did not name a fitting pod (the
-    /// watch lags behind HAMi's lock or the pod); read the node and the lock
-    /// owner once from the API server, or, when no pod holds the lock (HAMi
-    /// takes none for a pod whose AMD request is in init containers only),
-    /// list the node's pods once and apply the fallback rule. A pod bound to
-    /// another node is not this node's to allocate, whatever the lock says.
-    pub(super) async fn lock_owner_from_api(&self, count: usize) -> Option<Arc<Pod>> {
+    /// watch lags behind HAMi's lock or binding, or the lock names a pod
+    /// not being bound here: HAMi takes none for a pod whose AMD request is
+    /// in init containers only, and a lock outlives a pod that is gone).
+    /// Read the node and list its pods once from the API server and ask
+    /// [`pod::find`] again on that list; a pod bound to another node is not
+    /// in it, whatever the lock says. `cached` is the answer on the cache,
+    /// returned when the API server cannot be read.
+    pub(super) async fn pod_from_api(
+        &self,
+        wanted: pod::Wanted<'_>,
+        cached: pod::FindError,
+    ) -> Result<Arc<Pod>, pod::FindError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name))
-            .await
-            .ok()?
-            .ok()?;
-        let Some((namespace, name)) = pod::lock_owner(&node).ok()? else {
-            return self.binding_pod_from_api(count).await;
+        let read = tokio::time::timeout(CALL_TIMEOUT, nodes.get(&self.caches.node_name)).await;
+        let Ok(Ok(node)) = read else {
+            warn!("the node could not be read from the API server: {cached}");
+            return Err(cached);
         };
-        let pod = self.read_pod(&namespace, &name).await.ok()?;
-        info!(pod = %format!("{namespace}/{name}"), "the cache lagged behind the lock; read it");
-        let here = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-        (here == Some(self.caches.node_name.as_str()) && pod::next_entry_len(&pod) == Some(count))
-            .then_some(pod)
-    }
-
-    /// The pod the fallback rule names among this node's pods as one LIST
-    /// from the API server returns them.
-    async fn binding_pod_from_api(&self, count: usize) -> Option<Arc<Pod>> {
-        let pods = self.list_node_pods().await?;
-        let pod = pod::find(None, &pods, self.wanted(count)).ok()?;
-        let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-        info!(pod = %who, "the cache lagged behind a pod bound without the lock; listed the node's pods");
-        Some(pod)
+        let Some(pods) = self.list_node_pods().await else {
+            warn!("the node's pods could not be listed from the API server: {cached}");
+            return Err(cached);
+        };
+        let found = pod::find(Some(&node), &pods, wanted, pod::Source::Listed)?;
+        let who = format!(
+            "{}/{}",
+            found.namespace().unwrap_or_default(),
+            found.name_any()
+        );
+        let lock = pod::lock_owner(&node).ok().flatten();
+        match lock.filter(|(ns, name)| {
+            found.namespace().as_ref() != Some(ns) || found.name_any() != *name
+        }) {
+            Some((ns, name)) => info!(
+                pod = %who,
+                lock = %format!("{ns}/{name}"),
+                "the pod was bound without the node lock (its AMD request is in init containers \
+                 only, or the lock is stale); listed the node's pods"
+            ),
+            None => {
+                info!(pod = %who, "the cache lagged behind the pod being bound; listed the node's pods")
+            }
+        }
+        Ok(found)
     }
 
     /// This node's pods as one LIST from the API server returns them now.

@@ -140,11 +140,21 @@ impl Allocator {
         let serial = tokio::time::timeout_at(deadline, lock)
             .await
             .map_err(|_| late("the Allocate before this one did not finish"))?;
-        let (pod, pods) = tokio::time::timeout_at(deadline, self.find_for(ids.len()))
+        let resource = &self.config.resource_name;
+        let pod_resources = self.config.pod_resources.as_deref();
+        let admitted = tokio::time::timeout_at(deadline, Admitted::read(pod_resources, resource))
             .await
-            .map_err(|_| late("no pod being bound was found"))??;
+            .map_err(|_| late("kubelet's pod-resources did not answer"))?;
+        let found = tokio::time::timeout_at(deadline, self.find_for(ids.len(), &admitted))
+            .await
+            .map_err(|_| late("no pod being bound was found"))?;
+        let (pod, pods) = found.inspect_err(|err| {
+            warn!(devices = ids.len(), "Allocate refused: {err}");
+            self.report_no_pod(&err.to_string());
+        })?;
         let who = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-        let planned = tokio::time::timeout_at(deadline, self.allocate_for(&pod, &pods, ids));
+        let planned =
+            tokio::time::timeout_at(deadline, self.allocate_for(&pod, &pods, ids, &admitted));
         match planned
             .await
             .unwrap_or_else(|_| Err(late("the pod was not written back")))
@@ -165,6 +175,9 @@ impl Allocator {
             }
             Err(err) => {
                 warn!(pod = %who, "Allocate failed: {err}");
+                if err.reason() != Reason::Slice {
+                    self.report_failed(&pod, &err.to_string());
+                }
                 let finish = self.finish_owned(pod, json!({ pod::BIND_PHASE_KEY: "failed" }));
                 let mut finish = tokio::spawn(hold_until(finish, serial, deadline));
                 if tokio::time::timeout_at(deadline, &mut finish)
@@ -181,32 +194,36 @@ impl Allocator {
         }
     }
 
-    /// What kubelet is allocating: `count` devices of our resource here.
-    fn wanted(&self, count: usize) -> pod::Wanted<'_> {
+    /// What kubelet is allocating: `count` devices of our resource here;
+    /// `admitted` tells which pods kubelet has taken in.
+    fn wanted<'a>(&'a self, count: usize, admitted: &'a Admitted) -> pod::Wanted<'a> {
         pod::Wanted {
             node_name: &self.caches.node_name,
             resource: &self.config.resource_name,
             count,
             annotations_protected: self.config.annotations_protected,
+            kubelet_knows: admitted.known(),
         }
     }
 
     /// The pod being bound for a request of `count` devices and the view to
     /// plan on.
-    async fn find_for(&self, count: usize) -> Result<(Arc<Pod>, Vec<Arc<Pod>>), AllocateError> {
+    async fn find_for(
+        &self,
+        count: usize,
+        admitted: &Admitted,
+    ) -> Result<(Arc<Pod>, Vec<Arc<Pod>>), AllocateError> {
         self.wait_for_pods_listed().await?;
         if self.ours.ahead_len() > ours::AHEAD_LIMIT {
             self.forget_gone_pods().await;
         }
         let node = self.caches.node();
         let pods = self.view();
-        match pod::find(node.as_deref(), &pods, self.wanted(count)) {
+        let wanted = self.wanted(count, admitted);
+        match pod::find(node.as_deref(), &pods, wanted, pod::Source::Cache) {
             Ok(pod) => Ok((pod, pods)),
             Err(err) => {
-                let pod = self
-                    .lock_owner_from_api(count)
-                    .await
-                    .ok_or(AllocateError::NoPod(err))?;
+                let pod = self.pod_from_api(wanted, err).await?;
                 // The pod read joins the view (its earlier containers' CUs count).
                 self.ours.learned(Arc::clone(&pod));
                 Ok((pod, self.view()))
@@ -261,14 +278,13 @@ impl Allocator {
         pod: &Arc<Pod>,
         pods: &[Arc<Pod>],
         ids: &[String],
+        admitted: &Admitted,
     ) -> Result<(ContainerAllocateResponse, bool), AllocateError> {
-        let resource = &self.config.resource_name;
-        let admitted = Admitted::read(self.config.pod_resources.as_deref(), resource).await;
-        let planned = match self.plan(pod, pods, ids, &admitted) {
+        let planned = match self.plan(pod, pods, ids, admitted) {
             // The cached view may still count pods that are gone or done
             // (the watch lags behind HAMi): plan once more on a fresh list.
             Err(err) if err.reason() == Reason::Slice => match self.listed_view(&err).await {
-                Some(fresh) => self.plan(pod, &fresh, ids, &admitted),
+                Some(fresh) => self.plan(pod, &fresh, ids, admitted),
                 None => Err(err),
             },
             planned => planned,

@@ -1,9 +1,8 @@
-//! Finding the pod HAMi is binding (docs/hami-protocol.md §3.4) in the
-//! watch cache:
-//! the owner of the node lock, else the one pod the fallback rule names
-//! among those bound here whose spec asks for the devices (see [`find`]).
+//! Finding the pod HAMi is binding (docs/hami-protocol.md §3.4) among this
+//! node's pods: the owner of the node lock or a pod HAMi bound without it,
+//! which kubelet is admitting (see [`find`]).
 
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
@@ -41,8 +40,8 @@ pub(crate) enum FindError {
     #[error(transparent)]
     Lock(#[from] LockError),
     #[error(
-        "the node lock names {pod}, which has no pending entry of {count} device(s) on node \
-         {node}"
+        "the node lock names {pod}, which is not bound to node {node} with a pending entry of \
+         {count} device(s), and no pod bound without the lock fits"
     )]
     LockOwnerNotPending {
         pod: String,
@@ -115,45 +114,109 @@ pub(crate) struct Wanted<'a> {
     pub(crate) count: usize,
     /// Only HAMi and the plugin can write HAMi's pod annotations (admission).
     pub(crate) annotations_protected: bool,
+    /// The pods kubelet has taken in (pod-resources), when known: the pod it
+    /// is admitting is among them, a pod bound after it is not.
+    pub(crate) kubelet_knows: Option<&'a HashSet<(String, String)>>,
 }
 
-/// The pod being bound for `wanted`: the lock owner when the node lock names
-/// one (HAMi wrote it on the node, which pods' authors cannot write), else
-/// the Pending pod bound to this node that HAMi is allocating for and whose
-/// spec asks for `count` devices of `resource` in some container. The
-/// annotations of that fallback rule (`bind-time`, `bind-phase`,
-/// `vgpu-node`) are the pod author's to write unless admission protects
-/// them: with `annotations_protected` several candidates are settled by the
-/// oldest `bind-time` (HAMi's rule), without it they are refused.
+/// Where the pods [`find`] looks at come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The watch cache (with the pods known ahead of it): it may lag behind
+    /// HAMi's binding of the lock owner, so a lock owner missing from it is
+    /// no evidence that the owner is not being bound here.
+    Cache,
+    /// One LIST of this node's pods from the API server, read after kubelet
+    /// called: the pod kubelet admits is bound, so it is in the list.
+    Listed,
+}
+
+/// The pod being bound for `wanted` among `pods` (this node's).
+///
+/// HAMi's rule (§3.4) takes the lock owner with no further check, but HAMi
+/// takes the lock only for pods with AMD requests in app containers: a pod
+/// asking only in init containers is bound without it, also between another
+/// pod's lock and that pod's binding, and a lock whose owner is gone stays
+/// until it expires. So the candidates are the lock owner when it is bound
+/// here with a pending entry of `count` devices (HAMi wrote the lock on the
+/// node, which pods' authors cannot write) and the pods of the fallback rule
+/// ([`fallback_candidate`]).
+///
+/// 1. One candidate: that pod (on the cache, beside a lock owner that is
+///    not a candidate, only when kubelet is known to have taken it in).
+/// 2. Several: those kubelet has taken in (it admits one pod at a time, and
+///    the one it admits now is known to it; a pod bound later is not); if
+///    that leaves one, that pod.
+/// 3. Else the lock owner, when it is a candidate (HAMi's choice).
+/// 4. On the cache, a lock owner that is not a candidate is a question for
+///    the API server ([`FindError::LockOwnerNotPending`]; the caller lists
+///    the node's pods and asks again with [`Source::Listed`]).
+/// 5. Else the fallback rule alone. Its annotations (`bind-time`,
+///    `bind-phase`, `vgpu-node`) are the pod author's to write unless
+///    admission protects them: with `annotations_protected` several
+///    candidates are settled by the oldest `bind-time` (HAMi's rule),
+///    without it they are refused.
 ///
 /// # Errors
-/// A message saying why no pod, or no single pod, fits.
+/// Why no pod, or no single pod, fits.
 pub(crate) fn find(
     node: Option<&Node>,
     pods: &[Arc<Pod>],
     wanted: Wanted<'_>,
+    source: Source,
 ) -> Result<Arc<Pod>, FindError> {
+    let owner = node.map(lock_owner).transpose()?.flatten();
+    let is_owner = |p: &Pod| {
+        owner.as_ref().is_some_and(|(namespace, name)| {
+            p.namespace().as_deref() == Some(namespace.as_str()) && p.name_any() == *name
+        })
+    };
+    let pending_owner = pods.iter().find(|p| {
+        is_owner(p) && bound_here(p, wanted.node_name) && next_entry_len(p) == Some(wanted.count)
+    });
+    let others: Vec<&Arc<Pod>> = pods
+        .iter()
+        .filter(|p| !is_owner(p) && fallback_candidate(p, wanted))
+        .collect();
+    let candidates: Vec<&Arc<Pod>> = pending_owner
+        .into_iter()
+        .chain(others.iter().copied())
+        .collect();
+    // On the cache, a lone candidate beside a lock owner that is not one
+    // may still be the wrong pod: the owner's Binding may not have reached
+    // the cache yet, and kubelet may be admitting it.
+    let lone_is_sure = owner.is_none() || pending_owner.is_some() || source == Source::Listed;
+    if let [one] = candidates.as_slice()
+        && (lone_is_sure || knows_of(wanted, one))
+    {
+        return Ok(Arc::clone(one));
+    }
+    if let Some(knows) = wanted.kubelet_knows {
+        let mut known = candidates.iter().filter(|p| knows.contains(&key_of(p)));
+        if let (Some(one), None) = (known.next(), known.next()) {
+            return Ok(Arc::clone(one));
+        }
+    }
+    if let Some(owner) = pending_owner {
+        return Ok(Arc::clone(owner));
+    }
+    match owner {
+        Some((namespace, name)) if source == Source::Cache || others.is_empty() => {
+            Err(FindError::LockOwnerNotPending {
+                pod: format!("{namespace}/{name}"),
+                count: wanted.count,
+                node: wanted.node_name.to_owned(),
+            })
+        }
+        _ => fallback(others, wanted),
+    }
+}
+
+/// The fallback rule over its `candidates` (§3.4, narrowed; see [`find`]).
+fn fallback(mut candidates: Vec<&Arc<Pod>>, wanted: Wanted<'_>) -> Result<Arc<Pod>, FindError> {
     let Wanted {
         node_name, count, ..
     } = wanted;
-    if let Some((namespace, name)) = node.map(lock_owner).transpose()?.flatten() {
-        // A lock owner without a matching entry is a stale view (the lock
-        // moved on, or the pod's last write has not come back yet).
-        return pods
-            .iter()
-            .find(|p| p.namespace().as_deref() == Some(namespace.as_str()) && p.name_any() == name)
-            .filter(|p| next_entry_len(p) == Some(count))
-            .cloned()
-            .ok_or_else(|| FindError::LockOwnerNotPending {
-                pod: format!("{namespace}/{name}"),
-                count,
-                node: node_name.to_owned(),
-            });
-    }
-    let mut candidates: Vec<&Arc<Pod>> = pods
-        .iter()
-        .filter(|p| fallback_candidate(p, wanted))
-        .collect();
     if wanted.annotations_protected {
         candidates.sort_by_key(|p| {
             p.annotations()
@@ -180,15 +243,30 @@ pub(crate) fn find(
     }
 }
 
+/// Whether kubelet has taken `pod` in (false when that is not known).
+fn knows_of(wanted: Wanted<'_>, pod: &Pod) -> bool {
+    wanted
+        .kubelet_knows
+        .is_some_and(|k| k.contains(&key_of(pod)))
+}
+
+/// `pod` as pod-resources names it.
+fn key_of(pod: &Pod) -> (String, String) {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// Whether kubelet's binding put `pod` on `node_name`.
+fn bound_here(pod: &Pod, node_name: &str) -> bool {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name)
+}
+
 /// The fallback rule (docs/hami-protocol.md §3.4), narrowed to what a pod's author
 /// cannot forge: kubelet's binding of the pod to this node and a container
 /// of its spec asking for `count` devices of `resource`.
 fn fallback_candidate(pod: &Pod, wanted: Wanted<'_>) -> bool {
     let a = pod.annotations();
-    let bound_here =
-        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(wanted.node_name);
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
-        && bound_here
+        && bound_here(pod, wanted.node_name)
         && a.contains_key(BIND_TIME_KEY)
         && binding_phase(a.get(BIND_PHASE_KEY).map(String::as_str))
         && a.get(VGPU_NODE_KEY).map(String::as_str) == Some(wanted.node_name)
@@ -232,25 +310,4 @@ fn asked<'a>(pod: &'a Pod, resource: &'a str) -> impl Iterator<Item = u64> + 'a 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_values() {
-        assert_eq!(parse_lock("2026-08-21T06:20:39Z"), Ok(LockOwner::Legacy));
-        assert_eq!(
-            parse_lock("2026-08-21T06:20:39Z,default,rocm-job-0"),
-            Ok(LockOwner::Pod {
-                namespace: "default".into(),
-                name: "rocm-job-0".into()
-            })
-        );
-        assert!(
-            parse_lock("2026-08-21T06:20:39Z,default")
-                .unwrap_err()
-                .to_string()
-                .contains("mutex.lock")
-        );
-        assert!(parse_lock("t,,x").is_err());
-    }
-}
+mod tests;

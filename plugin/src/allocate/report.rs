@@ -24,6 +24,29 @@ impl Allocator {
             .warning(&regarding, "CuConflict", "Allocate", note);
     }
 
+    /// A Warning Event on the node when kubelet's Allocate names no pod
+    /// being bound here: the pod kubelet admits is not known to us, so the
+    /// Event cannot be on it.
+    pub(super) fn report_no_pod(&self, message: &str) {
+        let regarding = Regarding::node_of(&self.caches);
+        let note = format!("an Allocate was refused: {message}");
+        self.events
+            .warning(&regarding, "AllocateRefused", "Allocate", note);
+    }
+
+    /// A Warning Event on `pod` when its Allocate failed for another reason
+    /// than a CU conflict (reported by [`Self::report_conflict`]).
+    pub(super) fn report_failed(&self, pod: &Pod, message: &str) {
+        let regarding = Regarding::Pod {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+        };
+        let note = format!("the container was refused its devices: {message}");
+        self.events
+            .warning(&regarding, "AllocateFailed", "Allocate", note);
+    }
+
     /// One Warning Event per forged claim (pod and value) on the pod; `live`
     /// are the pods whose reports are remembered.
     pub(super) fn report_distrust(&self, distrusted: Vec<occupancy::Distrust>, live: &[Arc<Pod>]) {

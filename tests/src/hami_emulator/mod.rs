@@ -239,6 +239,42 @@ impl HamiEmulator {
         }
     }
 
+    /// HAMi's Bind of `default/<name>` (one app container granted
+    /// `containers`) up to the node lock: the pod carries Filter's and
+    /// Bind's annotations and the lock names it, but the Binding has not
+    /// been made yet ([`Self::complete_binding`] makes it). HAMi binds other
+    /// pods without the lock in between (those asking in init containers
+    /// only).
+    pub fn lock_before_binding(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        containers: &[Vec<Grant>],
+        now: u64,
+    ) {
+        self.bind_unlocked(api, name, containers, now);
+        let mut pod = api
+            .get(Kind::Pod, "default", name)
+            .unwrap_or_else(|| panic!("pod {name} was just stored"));
+        pod["spec"]["nodeName"] = Value::Null;
+        api.put_pod(pod);
+        self.lock(api, name);
+    }
+
+    /// The Binding of a pod [`Self::lock_before_binding`] left unbound.
+    pub fn complete_binding(&self, api: &FakeApiServer, name: &str) {
+        let mut pod = api
+            .get(Kind::Pod, "default", name)
+            .unwrap_or_else(|| panic!("pod {name} is not on the fake API server"));
+        pod["spec"]["nodeName"] = json!(self.node);
+        api.put_pod(pod);
+    }
+
+    /// A lock naming `default/<owner>` that outlived its pod.
+    pub fn stale_lock(&self, api: &FakeApiServer, owner: &str) {
+        self.lock(api, owner);
+    }
+
     fn lock(&self, api: &FakeApiServer, name: &str) {
         self.lock_for(api, &format!("2026-11-29T08:00:00Z,default,{name}"));
     }
