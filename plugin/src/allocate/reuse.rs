@@ -23,15 +23,16 @@
 
 use std::{collections::BTreeMap, ops::Range};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use tracing::warn;
 
 use crate::{
     cu::{CuBitmap, CuError, mask::normalize},
     hami::{
-        CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, HamiError, parse_cu_allocated,
-        parse_pod_devices,
+        CU_ALLOCATED_KEY, CuAllocated, CuList, DevicesAnnotation, HamiError,
+        containers::{Stage, is_sidecar, next_container, non_empty_entries},
+        parse_cu_allocated,
     },
 };
 
@@ -47,54 +48,11 @@ pub(crate) enum Role {
     App,
 }
 
-fn requests(container: &Container, resource: &str) -> bool {
-    container.resources.as_ref().is_some_and(|r| {
-        [&r.limits, &r.requests]
-            .into_iter()
-            .flatten()
-            .any(|m| m.contains_key(resource))
-    })
-}
-
-fn sidecar(container: &Container) -> bool {
-    container.restart_policy.as_deref() == Some("Always")
-}
-
-fn non_empty_entries(pod: &Pod, annotation: DevicesAnnotation) -> Option<usize> {
-    let value = pod.annotations().get(annotation.key())?;
-    let entries = parse_pod_devices(annotation, value).ok()?;
-    Some(entries.iter().filter(|e| !e.is_empty()).count())
-}
-
 /// The role of the container whose entry is next in the pod's to-allocate
-/// annotation. Kubelet admits init containers first, in spec order; HAMi's
-/// entries list only the containers that request `resource`.
+/// annotation; an app container when that cannot be told.
 pub(crate) fn next_role(pod: &Pod, resource: &str) -> Role {
-    let (Some(granted), Some(left)) = (
-        non_empty_entries(pod, DevicesAnnotation::Allocated),
-        non_empty_entries(pod, DevicesAnnotation::ToAllocate),
-    ) else {
-        return Role::App;
-    };
-    let Some(spec) = pod.spec.as_ref() else {
-        return Role::App;
-    };
-    let inits: Vec<&Container> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| requests(c, resource))
-        .collect();
-    let apps = spec
-        .containers
-        .iter()
-        .filter(|c| requests(c, resource))
-        .count();
-    if inits.len() + apps != granted {
-        return Role::App;
-    }
-    match inits.get(granted.saturating_sub(left)) {
-        Some(c) if !sidecar(c) => Role::Init,
+    match next_container(pod, resource) {
+        Some(c) if c.stage == Stage::Init => Role::Init,
         _ => Role::App,
     }
 }
@@ -111,7 +69,7 @@ pub(crate) fn init_done(pod: &Pod) -> bool {
     spec.init_containers
         .iter()
         .flatten()
-        .filter(|c| !sidecar(c))
+        .filter(|c| !is_sidecar(c))
         .all(|c| {
             statuses
                 .into_iter()

@@ -5,11 +5,13 @@
 //! * the node annotation `hami.io/node-amd-register` (§1), in [`register`];
 //! * the pod annotations `hami.io/amd-devices-to-allocate` and
 //!   `hami.io/amd-devices-allocated` (§3.1–3.2, §3.6), in [`devices`];
-//! * the pod annotation `hami.io/amd-cu-allocated` (§5.1), in [`cu_allocated`].
+//! * the pod annotation `hami.io/amd-cu-allocated` (§5.1), in [`cu_allocated`];
+//! * which container each entry is for (§3.2), in [`containers`].
 //!
 //! Every parser returns a [`HamiError`] naming the annotation, the offending
 //! fragment and the reason; none of them panics on any input.
 
+pub(crate) mod containers;
 pub(crate) mod cu_allocated;
 pub(crate) mod devices;
 pub(crate) mod register;
