@@ -14,7 +14,8 @@ feature on), it checks:
   3. the expected set of objects, the plugin's environment (each value maps
      to its variable), the RBAC rules (exactly what the code needs), the pod
      hardening beyond PSS (read-only root, token mounted, no user namespace,
-     HAMi's webhook label, probes on the metrics port);
+     HAMi's webhook label, the probes on a port of their own, apart from the
+     metrics port, and admitted by the NetworkPolicy to no pod);
   4. the DaemonSet's pod template against Pod Security "restricted" (and so
      "baseline"), implemented below from the PSS spec: the only violations
      allowed are the hostPath volumes named in helm/amd-gpu/pss-exceptions.txt
@@ -31,7 +32,7 @@ feature on), it checks:
      with the grafana_dashboard label and the dashboard file as its data.
 Self-tests prove the checks bite: values the schema must reject; the policy
 refusing to render for Kubernetes < 1.30; podLabels that would override the
-chart's labels; a render of the chart with its schema removed and runAsUser 0;
+chart's labels; the probe port equal to the metrics port; a render of the chart with its schema removed and runAsUser 0;
 the rendered DaemonSet with one bad override at a time (privileged, an extra
 hostPath, host namespaces, ...), each of which the PSS check must reject with
 the expected control; and a stale and a missing exception.
@@ -385,12 +386,29 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         **({"COMPUTE_PARTITION": dp["computePartition"]} if dp["computePartition"] else {}),
         "AMDGPU_DP_SANDBOX": dp["sandbox"],
         "AMDGPU_DP_METRICS_ADDRESS": f"0.0.0.0:{dp['metrics']['port']}",
+        "AMDGPU_DP_PROBE_ADDRESS": f"0.0.0.0:{dp['probes']['port']}",
         "AMDGPU_DP_LOG": dp["logLevel"],
         "AMDGPU_DP_HOOK_PATH": values["hostHookPath"],
         "AMDGPU_DP_KUBELET_DIR": f"{kubelet}/device-plugins",
         "AMDGPU_DP_POD_RESOURCES_SOCKET": f"{kubelet}/pod-resources/kubelet.sock",
         "AMDGPU_DP_BUS_ADDRESS": f"unix:path={values['dbusSocketDir']}/system_bus_socket",
     }
+
+
+def check_ports(container: dict[str, Any], values: dict[str, Any]) -> None:
+    """Two named ports, metrics and probes (issue 38, F5: peers filling the
+    metrics port's connections failed the liveness probe that shared them);
+    the probes on theirs."""
+    metrics, probes = values["dp"]["metrics"]["port"], values["dp"]["probes"]["port"]
+    ports = container.get("ports") or []
+    check(sorted((p.get("name"), p.get("containerPort")) for p in ports)
+          == [("metrics", metrics), ("probes", probes)]
+          and metrics != probes and not any(p.get("hostPort") for p in ports),
+          f"containerPorts metrics {metrics} and probes {probes}, no hostPort", str(ports))
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (container.get(probe) or {}).get("httpGet") or {}
+        check(get.get("path") == path and get.get("port") in ("probes", probes),
+              f"{probe} GET {path} on the probe port, not the metrics port", str(get))
 
 
 def check_protected_annotations(policies: list[dict[str, Any]], sa_user: str,
@@ -632,7 +650,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
                         if sources else [])
         check(policy["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
               and policy["policyTypes"] == ["Ingress"] and policy["ingress"] == want_ingress,
-              "NetworkPolicy admits only metricsFrom, only to the metrics port", str(policy))
+              "NetworkPolicy admits only metricsFrom, only to the metrics port (never the probes')",
+              str(policy))
 
     # The image: this project's own (the Go plugin's image is another program).
     container = spec["containers"][0]
@@ -670,14 +689,7 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     check(spec.get("hostUsers", True) is True, "no user namespace (hostUsers not false)")
     check(template["metadata"]["labels"].get("hami.io/webhook") == "ignore",
           "pods carry hami.io/webhook=ignore (HAMi's webhook skips them)")
-    port = values["dp"]["metrics"]["port"]
-    check([p.get("containerPort") for p in container.get("ports") or []] == [port]
-          and not any(p.get("hostPort") for p in container.get("ports") or []),
-          f"one containerPort {port} (metrics), no hostPort")
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
-        get = (container.get(probe) or {}).get("httpGet") or {}
-        check(get.get("path") == path and get.get("port") in ("metrics", port),
-              f"{probe} GET {path} on the metrics port")
+    check_ports(container, values)
     mounts = {m["name"]: m for m in container.get("volumeMounts") or []}
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
     want_mounts = {
@@ -730,6 +742,8 @@ BAD_VALUES = [
     {"dp": {"sandbox": "maybe"}},
     {"dp": {"cdi": {"enabled": "true"}}},
     {"dp": {"metrics": {"port": 80}}},
+    {"dp": {"probes": {"port": 80}}},
+    {"dp": {"probes": {"port": "9401"}}},
     {"dp": {"splitCount": -1}},
     {"runAsUser": 0},
     {"hostHookPath": "usr/local/vgpu"},
@@ -838,6 +852,12 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
         bad("nodeInstaller renders with runAsUser 1000 (its package makes 60700)")
     except helm.HelmRenderError as err:
         check("60700" in str(err), "nodeInstaller refuses runAsUser other than 60700", str(err))
+    try:
+        render(chart, {"dp": {"probes": {"port": 9400}}})
+        bad("the probes render on the metrics port")
+    except helm.HelmRenderError as err:
+        check("port of their own" in str(err),
+              "the chart refuses the probe port equal to the metrics port", str(err))
     try:
         render(chart, {"podLabels": {"app.kubernetes.io/name": "x"}})
         bad("podLabels may override the selector labels")
