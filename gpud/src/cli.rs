@@ -499,12 +499,21 @@ pub fn inventory_with(
     paths: &HostPaths,
     config: &AmdSmiConfig,
 ) -> anyhow::Result<inventory::Inventory> {
+    inventory_within(paths, config, deadline::SYSFS_READ)
+}
+
+/// [`inventory_with`], the sysfs part within `sysfs` instead.
+pub(crate) fn inventory_within(
+    paths: &HostPaths,
+    config: &AmdSmiConfig,
+    sysfs: Duration,
+) -> anyhow::Result<inventory::Inventory> {
     let (paths, config) = (paths.clone(), config.clone());
     let probe = match config.library {
         LibrarySource::Disabled => Duration::ZERO,
         _ => config.timeout,
     };
-    let limit = deadline::SYSFS_READ + probe;
+    let limit = sysfs + probe;
     let context = format!("reading the GPU inventory under {}", paths.sys.display());
     let read = deadline::within("the read of the host tree", limit, move || {
         let (report, summary) = inventory::probe_amdsmi(&config);

@@ -57,6 +57,7 @@ pub enum RenderParent {
 /// Reads the PCI device directory of `bdf`; `None` when it does not exist.
 pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceInfo> {
     let dir = paths.pci_device(&bdf.to_string());
+    crate::deadline::reading(&dir);
     if !dir.is_dir() {
         return None;
     }
@@ -89,6 +90,7 @@ pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceIn
 pub fn read_render_node(paths: &HostPaths, minor: u32) -> Option<RenderNodeInfo> {
     let node = paths.drm_class().join(format!("renderD{minor}"));
     // Resolve the whole chain: kernels and fake trees spell the link differently.
+    crate::deadline::reading(&node);
     let target = fs::canonicalize(node.join("device")).ok()?;
     let parent_name = target.file_name()?.to_string_lossy().into_owned();
     let parent = if let Some(k) = xcp_index(&parent_name) {
@@ -114,6 +116,7 @@ fn xcp_index(name: &str) -> Option<u32> {
 }
 
 fn card_minor(drm_dir: &Path) -> Option<u32> {
+    crate::deadline::reading(drm_dir);
     fs::read_dir(drm_dir)
         .ok()?
         .filter_map(Result::ok)
@@ -122,6 +125,7 @@ fn card_minor(drm_dir: &Path) -> Option<u32> {
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
+    crate::deadline::reading(path);
     match fs::read_to_string(path) {
         Ok(text) => Some(text.trim().to_owned()).filter(|t| !t.is_empty()),
         Err(err) => {

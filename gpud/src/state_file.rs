@@ -52,6 +52,7 @@ pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, F
         path: path.to_owned(),
         source,
     };
+    crate::deadline::reading(path);
     // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
     // writer; it changes nothing for a regular file.
     let opened = fs::OpenOptions::new()

@@ -28,6 +28,7 @@ impl KubeletCgroups {
     /// When the file exists but cannot be read.
     pub fn read(path: &Path) -> io::Result<Self> {
         use std::io::Read;
+        crate::deadline::reading(path);
         match std::fs::File::open(path) {
             Ok(file) => {
                 let mut text = String::new();

@@ -216,4 +216,4 @@ pub fn discover(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -211,3 +211,52 @@ fn a_gpu_node_without_simds_is_dropped_with_a_warning() {
         "{text}"
     );
 }
+
+/// A topology of six nodes whose last `properties` is a FIFO: opening it
+/// blocks, as a sysfs read of a hung driver does. Returns the FIFO; the
+/// caller hands it to [`release`] once done.
+pub(crate) fn blocked_tree(root: &Path) -> std::path::PathBuf {
+    write(root, "generation_id", "3\n");
+    for node in 0..5 {
+        write(
+            root,
+            &format!("nodes/{node}/properties"),
+            "cpu_cores_count 8\n",
+        );
+    }
+    let fifo = root.join("sys/class/kfd/kfd/topology/nodes/5/properties");
+    fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    crate::state_file::tests::mkfifo(&fifo);
+    fifo
+}
+
+/// Lets a read blocked on `fifo` return (a writer comes and goes).
+pub(crate) fn release(fifo: &Path) {
+    drop(fs::OpenOptions::new().write(true).open(fifo).unwrap());
+}
+
+/// Issue 38, item 7: the error of a read that misses its deadline names
+/// the file it was blocked on, not only "the read of the host tree".
+#[test]
+fn a_read_that_misses_its_deadline_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = blocked_tree(dir.path());
+    let paths = HostPaths::under(dir.path());
+    let config = crate::amdsmi::AmdSmiConfig {
+        library: crate::amdsmi::LibrarySource::Disabled,
+        helper: Vec::new(),
+        timeout: std::time::Duration::from_secs(1),
+        child_env: Vec::new(),
+    };
+    let limit = std::time::Duration::from_millis(300);
+    let err = crate::state_file::tests::within_seconds(move || {
+        crate::cli::inventory_within(&paths, &config, limit).map_err(|e| format!("{e:#}"))
+    })
+    .unwrap_err();
+    release(&fifo);
+    assert!(err.contains("did not finish within 300ms"), "{err}");
+    assert!(
+        err.contains(&format!("blocked at {}", fifo.display())),
+        "{err}"
+    );
+}

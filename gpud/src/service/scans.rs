@@ -38,6 +38,8 @@ pub struct Queued {
 #[derive(Debug)]
 struct Running {
     read: Pending,
+    /// The file the read is at.
+    progress: deadline::Progress,
     until: Instant,
     limit: Duration,
     job: Queued,
@@ -93,12 +95,22 @@ impl Scans {
 
     /// Starts `plan` for `job` on a thread of its own.
     pub fn start(&mut self, plan: ScanPlan, job: Queued) {
-        let limit = plan.deadline();
-        match deadline::spawn(WHAT, move || plan.run()) {
-            Ok(read) => {
+        self.start_read(plan.deadline(), job, move || plan.run());
+    }
+
+    /// Starts `read` for `job` on a thread of its own, within `limit`.
+    fn start_read(
+        &mut self,
+        limit: Duration,
+        job: Queued,
+        read: impl FnOnce() -> Result<Scanned, TopologyError> + Send + 'static,
+    ) {
+        match deadline::spawn_watched(WHAT, read) {
+            Ok((read, progress)) => {
                 let until = Instant::now() + limit;
                 self.running = Some(Running {
                     read,
+                    progress,
                     until,
                     limit,
                     job,
@@ -123,9 +135,14 @@ impl Scans {
             Ok(Ok(read)) => read.map_err(ScanError::from),
             Ok(Err(_)) => Err(Overdue::Died { what: WHAT }.into()),
             Err(_) => {
-                let limit = running.limit;
+                let (limit, at) = (running.limit, running.progress.at());
                 self.stuck = Some(running.read);
-                Err(Overdue::Late { what: WHAT, limit }.into())
+                Err(Overdue::Late {
+                    what: WHAT,
+                    limit,
+                    at,
+                }
+                .into())
             }
         };
         (running.job, outcome)
@@ -197,5 +214,29 @@ mod tests {
             assert!(err.to_string().contains("still blocked"), "{err}");
         }
         assert!(scans.stuck.is_some(), "the stuck read is still remembered");
+    }
+
+    /// A rescan blocked on a KFD file fails at its deadline naming that
+    /// file (issue 38, item 7).
+    #[tokio::test]
+    async fn a_late_rescan_names_the_file_it_is_blocked_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = crate::inventory::tests::blocked_tree(dir.path());
+        let paths = crate::HostPaths::under(dir.path());
+        let mut scans = Scans::default();
+        let (job, _answer) = job(true);
+        scans.start_read(Duration::from_millis(200), job, move || {
+            crate::topology::read_topology(&paths)?;
+            Err(TopologyError::Unstable {
+                path: paths.kfd_topology(),
+                attempts: 0,
+            })
+        });
+        let finished = tokio::time::timeout(Duration::from_secs(5), scans.finished()).await;
+        let (_, outcome) = finished.expect("the deadline was not kept");
+        crate::inventory::tests::release(&fifo);
+        let err = outcome.expect_err("the read is late").to_string();
+        assert!(err.contains("did not finish within 200ms"), "{err}");
+        assert!(err.contains(&fifo.display().to_string()), "{err}");
     }
 }

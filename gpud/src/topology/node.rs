@@ -154,6 +154,7 @@ fn vanished_or_unreadable(node: u32, path: PathBuf, source: io::Error) -> Topolo
 pub(super) fn read_into(path: &Path, buf: &mut String) -> io::Result<()> {
     use io::Read;
     buf.clear();
+    crate::deadline::reading(path);
     let mut file = fs::File::open(path)?;
     let mut bytes = std::mem::take(buf).into_bytes();
     let result = file.read_to_end(&mut bytes);
@@ -208,6 +209,7 @@ pub(super) fn numbered_entries(dir: &Path, issues: &mut Vec<TopologyIssue>) -> V
 /// The numeric sub-directories of `dir` in the order the directory listing
 /// returns them (not sorted); empty when `dir` is absent.
 pub(super) fn listed_entries(dir: &Path, issues: &mut Vec<TopologyIssue>) -> Vec<(u32, PathBuf)> {
+    crate::deadline::reading(dir);
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),

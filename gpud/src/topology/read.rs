@@ -48,6 +48,7 @@ impl Topology {
 pub fn read_topology(paths: &HostPaths) -> Result<Topology, TopologyError> {
     let path = paths.kfd_topology();
     let nodes_dir = path.join("nodes");
+    crate::deadline::reading(&nodes_dir);
     if let Err(source) = fs::read_dir(&nodes_dir) {
         return Err(TopologyError::Missing {
             path: nodes_dir,

@@ -137,6 +137,7 @@ pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading
 /// The PIDs of KFD's per-process directories, at most [`MAX_PROCESSES`]
 /// (the rest counted in `skipped`), in order.
 fn kfd_pids(paths: &HostPaths, skipped: &mut usize) -> Vec<u32> {
+    crate::deadline::reading(&paths.kfd_proc());
     let Ok(entries) = fs::read_dir(paths.kfd_proc()) else {
         return Vec::new();
     };

@@ -113,7 +113,7 @@ impl UsageReader {
     ) -> Result<Reading, Overdue> {
         let (paths, dmem) = (self.paths.clone(), self.dmem.clone());
         let release = Release(self.busy.clone());
-        let rx = deadline::spawn(WHAT, move || {
+        let (rx, progress) = deadline::spawn_watched(WHAT, move || {
             let _release = release;
             let layouts = super::layouts(&paths, &dmem);
             super::read(&paths, &layouts, &targets)
@@ -125,6 +125,7 @@ impl UsageReader {
                 let err = Overdue::Late {
                     what: WHAT,
                     limit: READ_LIMIT,
+                    at: progress.at(),
                 };
                 tracing::warn!("GetUsage: {err}");
                 Err(err)
@@ -221,6 +222,8 @@ mod tests {
                     && late.to_string().contains("did not finish"),
                 "{late:?}"
             );
+            let named = format!("blocked at {}", fifo.display());
+            assert!(late.to_string().contains(&named), "{late}");
             assert!(start.elapsed() < READ_LIMIT + Duration::from_secs(1));
             let blocked = reader.get(Targets::default()).await.unwrap_err();
             assert!(blocked.to_string().contains("still blocked"), "{blocked:?}");

@@ -17,6 +17,7 @@ const MAX_HWMON: usize = 8;
 /// The first [`MAX_FILE`] bytes of `path` as text; `None` when unreadable.
 pub(crate) fn read_small(path: &Path) -> Option<String> {
     let mut text = String::new();
+    crate::deadline::reading(path);
     fs::File::open(path)
         .ok()?
         .take(MAX_FILE)
@@ -52,6 +53,7 @@ pub(crate) fn gpu_use(paths: &HostPaths, bdf: &str) -> GpuUse {
 
 /// The first `hwmon<N>` directory (by name) under `dir`.
 fn first_hwmon(dir: &Path) -> Option<std::path::PathBuf> {
+    crate::deadline::reading(dir);
     let mut names: Vec<String> = fs::read_dir(dir)
         .ok()?
         .filter_map(Result::ok)
