@@ -95,14 +95,28 @@ pub(crate) fn read_bounded(path: &Path, limit: u64) -> Result<Option<Vec<u8>>, F
 }
 
 /// Replaces `path` with `bytes` (mode `mode`, less the umask), whole or not
-/// at all: an exclusively created temporary file of a random name beside
-/// it (`O_CREAT|O_EXCL`, so no planted link is followed), synced, renamed
-/// over `path`, and the directory synced. The directory is created when
-/// missing. On any failure the temporary file is removed.
+/// at all: see [`replace_with`].
 ///
 /// # Errors
 /// [`FileError::Write`] naming `path`.
 pub(crate) fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    replace_with(path, mode, |file| file.write_all(bytes))
+}
+
+/// Replaces `path` with what `fill` writes into a new file (mode `mode`,
+/// less the umask), whole or not at all: an exclusively created temporary
+/// file of a random name beside it (`O_CREAT|O_EXCL`, so no planted link
+/// is followed), synced, renamed over `path`, and the directory synced.
+/// The directory is created when missing. On any failure the temporary
+/// file is removed.
+///
+/// # Errors
+/// [`FileError::Write`] naming `path`, also when `fill` fails.
+pub(crate) fn replace_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut fs::File) -> io::Result<()>,
+) -> Result<(), FileError> {
     let fail = |source| FileError::Write {
         path: path.to_owned(),
         source,
@@ -124,7 +138,7 @@ pub(crate) fn replace(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileEr
         .permissions(fs::Permissions::from_mode(mode))
         .tempfile_in(dir)
         .map_err(fail)?;
-    temp.write_all(bytes).map_err(fail)?;
+    fill(temp.as_file_mut()).map_err(fail)?;
     temp.as_file().sync_all().map_err(fail)?;
     temp.persist(path).map_err(|err| fail(err.error))?;
     fs::File::open(dir).and_then(|d| d.sync_all()).map_err(fail)

@@ -72,10 +72,11 @@ impl LoaderObject {
 
     /// Creates the directory the plugin's Allocate mounted for a
     /// container's memory hook (`<state>/loader-hook/<pod_uid>/<key>`) and
-    /// puts a copy of the node's hook in it (`hook`) or empties it; returns
-    /// the directory. `key`: 16 lowercase hex digits. Errors:
-    /// InvalidArgument (UID or key), Failed (the hook or the write),
-    /// AccessDenied (not root or the plugin).
+    /// puts the node's hook in it (`hook`; a hard link to one copy) or
+    /// empties it; returns the directory. `key`: 16 lowercase hex digits.
+    /// Errors: InvalidArgument (UID or key), Failed (the hook, the write, or
+    /// more keys per pod or pods than are staged), AccessDenied (not root or
+    /// the plugin).
     #[zbus(out_args("dir"))]
     async fn stage_memory_hook(
         &self,

@@ -10,20 +10,30 @@
 //! in every case, because kubelet's CreateContainer fails on a bind mount
 //! whose source is missing.
 //!
+//! The hook is copied once, to `<root>/libamvgpu.so` (again when the
+//! node's hook changes), and each container's directory gets a hard link
+//! to that copy: a pod staging many containers costs directories and links,
+//! not copies (issue 38, F6: 300 calls once left 1.5 GB of copies). The
+//! mounts are read-only, so no container can change what the others run.
+//! The number of containers' directories per pod ([`MAX_KEYS_PER_POD`]) and
+//! of pods ([`MAX_PODS`]) is bounded.
+//!
 //! The directories of pods kubelet no longer has (no `<kubelet>/pods/<uid>`)
-//! are removed at most once a minute.
+//! are removed at most once a minute, and before a new pod is refused for
+//! want of room; the node-wide copy is not a pod's and stays.
 
 use std::{
     fs, io,
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
+    os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
 use crate::{
     dmem::uid::{PodUid, UidError, excerpt},
     hostpaths::HostPaths,
+    state_file::{self, FileError},
 };
 
 /// The hook's file name, in the staged directory as on the host.
@@ -35,6 +45,23 @@ const KEY_LEN: usize = 16;
 
 /// The largest hook copied (the real one is well under 10 MiB).
 const MAX_HOOK_BYTES: u64 = 64 << 20;
+
+/// At most this many containers' directories per pod. A key names one
+/// container's set of device ids (containers with the same set share it),
+/// so a pod needs at most one per container that asks for a GPU slice.
+/// Kubernetes sets no number on a pod's containers, but a real pod has at
+/// most a few hundred (init containers, sidecars and app containers, each a
+/// process tree kubelet starts and probes); 256 covers them, and bounds one
+/// pod to 256 directories and hard links.
+pub(crate) const MAX_KEYS_PER_POD: usize = 256;
+
+/// At most this many pods with staged directories. kubelet runs at most
+/// `--max-pods` pods (110 by default; managed Kubernetes services cap it
+/// at about 250) and only those with a GPU slice are staged; pods that are
+/// gone are swept before one is refused. 512 covers the largest setting
+/// twice over, and with [`MAX_KEYS_PER_POD`] bounds the node to 131,072
+/// directories.
+pub(crate) const MAX_PODS: usize = 512;
 
 /// At most this many pod directories are looked at per sweep.
 const MAX_SWEPT: usize = 100_000;
@@ -60,6 +87,16 @@ pub enum StageError {
     },
     #[error("{path} is not a plain directory (a symlink?); staging refused")]
     NotADirectory { path: PathBuf },
+    #[error("the node's copy of the memory hook: {0}")]
+    Copy(#[from] FileError),
+    #[error(
+        "pod {pod} already has {limit} containers' hook directories, the most staged per pod; refused"
+    )]
+    TooManyKeys { pod: String, limit: usize },
+    #[error(
+        "{limit} pods already have hook directories, the most staged per node; pod {pod} refused"
+    )]
+    TooManyPods { pod: String, limit: usize },
 }
 
 impl StageError {
@@ -76,6 +113,8 @@ pub struct HookStage {
     hook: PathBuf,
     kubelet_pods: PathBuf,
     last_sweep: Mutex<Option<Instant>>,
+    /// Held while staging, so that the bounds are counted exactly.
+    one_at_a_time: Mutex<()>,
 }
 
 impl HookStage {
@@ -87,26 +126,43 @@ impl HookStage {
             hook: hook.unwrap_or_else(|| paths.memory_hook()),
             kubelet_pods: paths.kubelet.join("pods"),
             last_sweep: Mutex::new(None),
+            one_at_a_time: Mutex::new(()),
         }
     }
 
-    /// Creates `<root>/<pod_uid>/<key>/` and puts a copy of the hook in it
-    /// (`with_hook`) or removes the copy there; returns the directory.
+    /// Creates `<root>/<pod_uid>/<key>/` and puts the hook in it (a hard
+    /// link to the node's copy; `with_hook`) or removes it from there;
+    /// returns the directory.
     ///
     /// # Errors
-    /// [`StageError`]: a malformed UID or key, an unreadable hook, a
-    /// directory that is not one, or a failed write.
+    /// [`StageError`]: a malformed UID or key, a pod or key beyond the
+    /// bounds, an unreadable hook, a directory that is not one, or a failed
+    /// write.
     pub fn stage(&self, pod_uid: &str, key: &str, with_hook: bool) -> Result<PathBuf, StageError> {
         let uid = PodUid::parse(pod_uid)?;
         check_key(key)?;
+        let _one = self
+            .one_at_a_time
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let pod_dir = self.root.join(uid.as_str());
         let dir = pod_dir.join(key);
-        for each in [&self.root, &pod_dir, &dir] {
+        plain_dir(&self.root)?;
+        self.check_room(&uid, &pod_dir, &dir)?;
+        for each in [&pod_dir, &dir] {
             plain_dir(each)?;
         }
         let staged = dir.join(HOOK_FILE);
         if with_hook {
-            self.copy_hook(&dir, &staged)?;
+            let copy = self.node_copy(false)?;
+            let linked = match link(&copy, &dir, &staged) {
+                // The copy has as many links as its file system allows.
+                Err(err) if err.raw_os_error() == Some(libc::EMLINK) => {
+                    link(&self.node_copy(true)?, &dir, &staged)
+                }
+                linked => linked,
+            };
+            linked.map_err(|err| io_error("linking", &staged, err))?;
         } else {
             match fs::remove_file(&staged) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => {
@@ -119,14 +175,70 @@ impl HookStage {
         Ok(dir)
     }
 
-    /// Copies the hook next to `staged` and renames it into place, so a
-    /// container never sees half a file.
-    fn copy_hook(&self, dir: &Path, staged: &Path) -> Result<(), StageError> {
+    /// Refuses a new pod beyond [`MAX_PODS`] (after sweeping the gone ones)
+    /// and a new key beyond [`MAX_KEYS_PER_POD`].
+    fn check_room(&self, uid: &PodUid, pod_dir: &Path, dir: &Path) -> Result<(), StageError> {
+        let is_pod = |name: &str| PodUid::parse(name).is_ok();
+        if !present(pod_dir) {
+            let full = || count(&self.root, MAX_PODS, is_pod).map(|n| n >= MAX_PODS);
+            if full()? && (self.sweep_gone(uid) == 0 || full()?) {
+                tracing::warn!(pod = %uid, limit = MAX_PODS, "too many pods staged");
+                return Err(StageError::TooManyPods {
+                    pod: uid.as_str().to_owned(),
+                    limit: MAX_PODS,
+                });
+            }
+        } else if !present(dir)
+            && count(pod_dir, MAX_KEYS_PER_POD, |n| check_key(n).is_ok())? >= MAX_KEYS_PER_POD
+        {
+            tracing::warn!(pod = %uid, limit = MAX_KEYS_PER_POD, "too many keys staged");
+            return Err(StageError::TooManyKeys {
+                pod: uid.as_str().to_owned(),
+                limit: MAX_KEYS_PER_POD,
+            });
+        }
+        Ok(())
+    }
+
+    /// The node's copy of the hook, `<root>/libamvgpu.so`, copied again
+    /// when the hook's size or modification time differ from it, or when
+    /// `afresh`.
+    fn node_copy(&self, afresh: bool) -> Result<PathBuf, StageError> {
+        let copy = self.root.join(HOOK_FILE);
+        let (mut source, meta) = self.open_hook()?;
+        let current = fs::symlink_metadata(&copy).is_ok_and(|have| {
+            have.file_type().is_file()
+                && have.len() == meta.len()
+                && have.modified().ok() == meta.modified().ok()
+        });
+        if current && !afresh {
+            return Ok(copy);
+        }
+        let modified = meta.modified().ok();
+        state_file::replace_with(&copy, 0o644, |file| {
+            // The unit's UMask=0077 would leave 0600: containers of any
+            // user read the hook.
+            file.set_permissions(fs::Permissions::from_mode(0o644))?;
+            let copied = io::copy(&mut io::Read::take(&mut source, MAX_HOOK_BYTES), file)?;
+            if copied != meta.len() {
+                return Err(io::Error::other(format!(
+                    "copied {copied} of the hook's {} bytes (it changed meanwhile?)",
+                    meta.len()
+                )));
+            }
+            modified.map_or(Ok(()), |at| file.set_modified(at))
+        })?;
+        tracing::info!(copy = %copy.display(), bytes = meta.len(), "memory hook copied for staging");
+        Ok(copy)
+    }
+
+    /// The hook, opened, if it is a regular file within [`MAX_HOOK_BYTES`].
+    fn open_hook(&self) -> Result<(fs::File, fs::Metadata), StageError> {
         let hook_error = |why: String| StageError::Hook {
             path: self.hook.clone(),
             why,
         };
-        let mut source = fs::File::open(&self.hook).map_err(|e| hook_error(e.to_string()))?;
+        let source = fs::File::open(&self.hook).map_err(|e| hook_error(e.to_string()))?;
         let meta = source.metadata().map_err(|e| hook_error(e.to_string()))?;
         if !meta.is_file() {
             return Err(hook_error("not a regular file".into()));
@@ -137,24 +249,7 @@ impl HookStage {
                 meta.len()
             )));
         }
-        let partial = dir.join(format!(".{HOOK_FILE}.{}.partial", std::process::id()));
-        let _ = fs::remove_file(&partial);
-        let mut copy = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&partial)
-            .map_err(|e| io_error("creating", &partial, e))?;
-        let copied = copy
-            .set_permissions(fs::Permissions::from_mode(0o644))
-            .and_then(|()| io::copy(&mut io::Read::take(&mut source, MAX_HOOK_BYTES), &mut copy))
-            .and_then(|_| copy.sync_all())
-            .and_then(|()| fs::rename(&partial, staged));
-        if let Err(err) = copied {
-            let _ = fs::remove_file(&partial);
-            return Err(io_error("writing", staged, err));
-        }
-        Ok(())
+        Ok((source, meta))
     }
 
     /// Removes the directories of pods kubelet no longer has, at most once
@@ -171,16 +266,23 @@ impl HookStage {
             }
             *last = Some(now);
         }
+        self.sweep_gone(current);
+    }
+
+    /// Removes the directories of pods kubelet no longer has, but
+    /// `current`'s; returns how many.
+    fn sweep_gone(&self, current: &PodUid) -> usize {
         // A kubelet directory that is not there (another --root-dir?) says
         // nothing about which pods are gone.
         if !self.kubelet_pods.is_dir() {
             tracing::debug!(dir = %self.kubelet_pods.display(), "no kubelet pods directory; no sweep");
-            return;
+            return 0;
         }
         let removed = self.sweep(current);
         if removed > 0 {
             tracing::info!(removed, "removed the staged hooks of pods that are gone");
         }
+        removed
     }
 
     fn sweep(&self, current: &PodUid) -> usize {
@@ -203,6 +305,44 @@ impl HookStage {
         }
         removed
     }
+}
+
+/// Puts a hard link to `copy` at `staged` in `dir` (replacing what is
+/// there), unless it is one already.
+fn link(copy: &Path, dir: &Path, staged: &Path) -> io::Result<()> {
+    let inode = |m: &fs::Metadata| (m.dev(), m.ino());
+    let want = inode(&fs::symlink_metadata(copy)?);
+    if fs::symlink_metadata(staged).is_ok_and(|have| inode(&have) == want) {
+        return Ok(());
+    }
+    // Only root writes here, and link(2) follows no link at its new path.
+    let partial = dir.join(format!(".{HOOK_FILE}.link"));
+    let _ = fs::remove_file(&partial);
+    let linked = fs::hard_link(copy, &partial).and_then(|()| fs::rename(&partial, staged));
+    if linked.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    linked
+}
+
+/// Whether something is at `path` (not following a link).
+fn present(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
+}
+
+/// How many entries of `dir` have a name `counted` accepts, counting no
+/// further than `cap`; 0 when `dir` is absent.
+fn count(dir: &Path, cap: usize, counted: impl Fn(&str) -> bool) -> Result<usize, StageError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(err) => return Err(io_error("listing", dir, err)),
+    };
+    Ok(entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_str().is_some_and(&counted))
+        .take(cap)
+        .count())
 }
 
 fn check_key(key: &str) -> Result<(), StageError> {

@@ -1,4 +1,4 @@
-use std::fs;
+use std::{fs, os::unix::fs::MetadataExt, path::Path};
 
 use super::*;
 
@@ -115,4 +115,130 @@ fn without_kubelet_pods_nothing_is_swept() {
     fs::create_dir_all(paths.staged_hooks().join(other)).unwrap();
     HookStage::new(&paths, None).stage(POD, KEY, false).unwrap();
     assert!(paths.staged_hooks().join(other).exists());
+}
+
+/// The bytes on disk under `root`: each inode once (hard links share one),
+/// directories included.
+fn disk_usage(root: &Path) -> u64 {
+    fn walk(dir: &Path, seen: &mut std::collections::HashSet<(u64, u64)>, total: &mut u64) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            if seen.insert((meta.dev(), meta.ino())) {
+                *total += meta.blocks() * 512;
+            }
+            if meta.is_dir() {
+                walk(&path, seen, total);
+            }
+        }
+    }
+    let mut total = 0;
+    walk(root, &mut std::collections::HashSet::new(), &mut total);
+    total
+}
+
+fn key(i: usize) -> String {
+    format!("{i:016x}")
+}
+
+/// Issue 38, F6: one pod staging key after key made a copy of the hook
+/// for each (300 calls, 1.5 GB). Now every key's file is a link to one
+/// copy, and the key past the bound is refused, naming it and the pod.
+#[test]
+fn the_keys_of_a_pod_share_one_copy_and_are_bounded() {
+    let (_dir, paths) = host();
+    let hook = vec![0x5a_u8; 5 << 20];
+    fs::write(paths.memory_hook(), &hook).unwrap();
+    let stage = HookStage::new(&paths, None);
+    let root = paths.staged_hooks();
+    let mut refused = 0;
+    for i in 0..300 {
+        match stage.stage(POD, &key(i), true) {
+            Ok(dir) => assert!(i < MAX_KEYS_PER_POD, "key {i} staged in {dir:?}"),
+            Err(err) => {
+                assert!(i >= MAX_KEYS_PER_POD, "key {i}: {err}");
+                let StageError::TooManyKeys { pod, limit } = &err else {
+                    panic!("key {i}: {err}");
+                };
+                assert_eq!((pod.as_str(), *limit), (POD, MAX_KEYS_PER_POD));
+                let text = err.to_string();
+                assert!(text.contains(POD) && text.contains("256"), "{text}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 300 - MAX_KEYS_PER_POD);
+    let copy = fs::metadata(root.join(HOOK_FILE)).unwrap();
+    for i in 0..MAX_KEYS_PER_POD {
+        let staged = fs::metadata(root.join(POD).join(key(i)).join(HOOK_FILE)).unwrap();
+        assert_eq!(
+            (staged.dev(), staged.ino()),
+            (copy.dev(), copy.ino()),
+            "key {i}"
+        );
+    }
+    assert_eq!(copy.nlink(), 1 + MAX_KEYS_PER_POD as u64);
+    let used = disk_usage(&root);
+    eprintln!("{MAX_KEYS_PER_POD} keys of a 5 MiB hook: {used} bytes on disk under the root");
+    // One copy, and the directories (a block each at most).
+    assert!(used < (5 << 20) + 300 * 4096 + 8192, "{used} bytes");
+    // An existing key may still be staged again, or emptied.
+    stage.stage(POD, &key(0), true).unwrap();
+    stage.stage(POD, &key(1), false).unwrap();
+    assert_eq!(
+        fs::read(root.join(POD).join(key(0)).join(HOOK_FILE)).unwrap(),
+        hook
+    );
+}
+
+/// A new pod beyond [`MAX_PODS`] is refused while every staged pod is
+/// live; once kubelet has none of them, they are swept and it is staged.
+#[test]
+fn pods_beyond_the_bound_are_refused_until_gone_ones_are_swept() {
+    let (_dir, paths) = host();
+    // No kubelet pods directory: nothing counts as gone.
+    fs::remove_dir_all(paths.kubelet.join("pods")).unwrap();
+    let stage = HookStage::new(&paths, None);
+    let pod = |i: usize| format!("0a1b2c3d-0000-4000-8000-{i:012x}");
+    for i in 0..MAX_PODS {
+        stage.stage(&pod(i), KEY, false).unwrap();
+    }
+    let next = pod(MAX_PODS);
+    let err = stage.stage(&next, KEY, false).unwrap_err();
+    let StageError::TooManyPods { pod: named, limit } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!((named.as_str(), *limit), (next.as_str(), MAX_PODS));
+    assert!(err.to_string().contains("512"), "{err}");
+    assert!(!paths.staged_hooks().join(&next).exists());
+    // A pod already staged is not a new one.
+    stage.stage(&pod(7), &key(9), false).unwrap();
+    // kubelet has none of them any more: they are swept to make room.
+    fs::create_dir_all(paths.kubelet.join("pods")).unwrap();
+    stage.stage(&next, KEY, false).unwrap();
+    assert!(!paths.staged_hooks().join(pod(0)).exists());
+}
+
+/// A new hook (an upgrade) is copied again for what is staged next; what
+/// was staged before keeps the hook it had.
+#[test]
+fn a_changed_hook_is_copied_again_and_earlier_links_keep_theirs() {
+    let (_dir, paths) = host();
+    let stage = HookStage::new(&paths, None);
+    let first = stage.stage(POD, &key(1), true).unwrap();
+    fs::write(paths.memory_hook(), b"\x7fELF the new hook").unwrap();
+    let second = stage.stage(POD, &key(2), true).unwrap();
+    assert_eq!(
+        fs::read(first.join(HOOK_FILE)).unwrap(),
+        b"\x7fELF the hook"
+    );
+    assert_eq!(
+        fs::read(second.join(HOOK_FILE)).unwrap(),
+        b"\x7fELF the new hook"
+    );
+    let again = stage.stage(POD, &key(1), true).unwrap();
+    assert_eq!(
+        fs::read(again.join(HOOK_FILE)).unwrap(),
+        b"\x7fELF the new hook"
+    );
 }
