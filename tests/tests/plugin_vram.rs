@@ -3,7 +3,8 @@
 //! calling Allocate for two AMD containers of one pod and PreStartContainer
 //! before each start (the pod cgroup exists by then), and kubelet's
 //! pod-resources API for a plugin restarted in between. The pod's `dmem.max`
-//! ends with one line per GPU holding the sum of its containers' `gpumem`.
+//! ends with one line per GPU holding what its containers that run at once
+//! were granted (`gpumem`), never more than HAMi counts for the pod.
 //! Needs root (private bus).
 
 // An integration-test file is itself the test module, and a failed unwrap is a
@@ -14,13 +15,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::world::{Gpu, Setup, World, schedule_containers, world_with};
+use common::world::{Gpu, NODE, Setup, World, grant, schedule_containers, world_with};
+use serde_json::json;
 use tests::{
     apiserver::Kind,
     fixture::{
         self,
         cgroup::{CgroupDriver, QosClass, add_pod, write_dmem_cgroups},
     },
+    hami_emulator::HamiEmulator,
     kubelet::pod_resources::FakePodResources,
 };
 
@@ -35,7 +38,11 @@ fn a_pods_vram_cap_is_the_sum_of_its_containers() {
 }
 
 fn dmem_tree(root: &std::path::Path) {
-    let spec = fixture::named("mi300x-8-spx").unwrap();
+    dmem_tree_of("mi300x-8-spx", root);
+}
+
+fn dmem_tree_of(name: &str, root: &std::path::Path) {
+    let spec = fixture::named(name).unwrap();
     write_dmem_cgroups(&spec, root, CgroupDriver::Systemd).unwrap();
 }
 
@@ -159,4 +166,102 @@ async fn missing_cgroup() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[test]
+fn caps_on_a_16_gib_gpu_add_up_to_at_most_the_gpu() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), sixteen_gib());
+}
+
+/// The one capped region of a pod cgroup's `dmem.max` (the others `max`).
+fn capped_bytes(cgroup: &std::path::Path) -> u64 {
+    let text = std::fs::read_to_string(cgroup.join("dmem.max")).unwrap();
+    let capped: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    assert_eq!(capped.len(), 1, "one capped region: {text}");
+    capped[0]
+}
+
+/// Issue 35, point 3, as HAMi v2.10.0 placed it on an RX 9070 XT (16 GiB):
+/// pod A's init container 12 GiB and its app 4 GiB; once A's init container
+/// succeeded HAMi counts A at 4 GiB and places B with 12 GiB. The caps were
+/// 16 + 12 = 28 GiB; now 4 + 12, the GPU.
+async fn sixteen_gib() {
+    let pod_resources = FakePodResources::start().unwrap();
+    let plugin_args = [
+        "--dmem-backend".to_owned(),
+        "on".to_owned(),
+        "--pod-resources-socket".to_owned(),
+        pod_resources.socket().display().to_string(),
+    ];
+    let w = world_with(&Setup {
+        fixture: "rx9070xt-igpu",
+        devices: 3,
+        gpud_args: &["--dmem-any-fs"],
+        plugin_args: &plugin_args,
+        prepare: &|root| dmem_tree_of("rx9070xt-igpu", root),
+    })
+    .await;
+    let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    let init = vec![vec![grant(dgpu, 12 * 1024, 48)]];
+    let app = vec![vec![grant(dgpu, 4 * 1024, 16)]];
+    hami.bind_staged(&w.api, "a", &init, &app, 600);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (a_init, a_app) = (
+        vec![format!("{}#0", dgpu.id)],
+        vec![format!("{}#1", dgpu.id)],
+    );
+    w.kubelet.allocate(a_init.clone()).await.unwrap();
+    w.kubelet.allocate(a_app.clone()).await.unwrap();
+    let a = add_pod(
+        w.root(),
+        CgroupDriver::Systemd,
+        QosClass::Burstable,
+        &uid_of(&w, "a"),
+    )
+    .unwrap();
+    w.kubelet.pre_start(a_init).await.unwrap();
+    assert_eq!(
+        capped_bytes(&a),
+        12 * 1024 * MIB,
+        "while A's init container runs"
+    );
+    let mut pod = w.api.get(Kind::Pod, "default", "a").unwrap();
+    pod["status"] = json!({"phase": "Pending", "initContainerStatuses": [{
+        "name": "init-0", "image": "rocm", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0}}}]});
+    w.api.put_pod(pod);
+    w.kubelet.pre_start(a_app).await.unwrap();
+    assert_eq!(
+        capped_bytes(&a),
+        4 * 1024 * MIB,
+        "from A's app container on"
+    );
+
+    schedule_containers(&w.api, "b", &[&[(dgpu, 12 * 1024, 48)]], 601);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b_ids = vec![format!("{}#2", dgpu.id)];
+    w.kubelet.allocate(b_ids.clone()).await.unwrap();
+    let b = add_pod(
+        w.root(),
+        CgroupDriver::Systemd,
+        QosClass::Burstable,
+        &uid_of(&w, "b"),
+    )
+    .unwrap();
+    w.kubelet.pre_start(b_ids).await.unwrap();
+    assert_eq!(capped_bytes(&b), 12 * 1024 * MIB);
+    assert_eq!(
+        capped_bytes(&a) + capped_bytes(&b),
+        16 * 1024 * MIB,
+        "the two pods' caps add up to the GPU, as HAMi counts them"
+    );
 }

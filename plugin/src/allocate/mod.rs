@@ -46,7 +46,7 @@ use tracing::{info, warn};
 
 use crate::{
     cu::CuBitmap,
-    hami::{ContainerDevice, TO_ALLOCATE_KEY, pop_next},
+    hami::{ContainerDevice, TO_ALLOCATE_KEY, containers::next_container, pop_next},
     inventory::Snapshot,
     kube::{CALL_TIMEOUT, Caches, Events},
     vram::{Owners, owners::PodRef},
@@ -169,6 +169,9 @@ impl Allocator {
                 }
                 info!(pod = %who, devices = ids.len(), "allocated");
                 self.remember_owner(ids, &pod, &pods);
+                if let Some(container) = next_container(&pod, &self.config.resource_name) {
+                    self.owners.remember_container(ids, container.name);
+                }
                 let staged = self.config.staged_hooks.is_some() && !answer.mounts.is_empty();
                 self.owners.remember_hook(ids, staged);
                 Ok(answer)

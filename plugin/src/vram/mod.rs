@@ -1,8 +1,9 @@
 //! Hard VRAM caps at PreStartContainer (docs/dmem.md §3.5): the pod cgroup
 //! exists then (it does not at Allocate), so this is where the plugin asks
 //! amd-gpud to write the pod's `dmem.max`, one region per GPU, holding the
-//! pod's total VRAM on that GPU as HAMi accounts it (the sum over its
-//! containers of `hami.io/amd-devices-allocated`).
+//! VRAM its containers that run at once from then on were granted
+//! (`hami.io/amd-devices-allocated`), never more than HAMi counts for the
+//! pod ([`phase`]).
 //!
 //! PreStartContainer carries only device ids; the pod is the one Allocate
 //! gave them to (kept in [`owners::Owners`]), or after a restart the one
@@ -19,6 +20,7 @@
 pub(crate) mod error;
 pub(crate) mod gpud;
 pub(crate) mod owners;
+pub(crate) mod phase;
 
 use std::{collections::BTreeMap, fmt, future::Future, pin::Pin, sync::Arc};
 
@@ -34,7 +36,10 @@ use tracing::{info, warn};
 use crate::{
     config::DmemMode,
     gpud::SessionError,
-    hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
+    hami::{
+        ALLOCATED_KEY, ContainerDevice, DevicesAnnotation, containers::entry_containers,
+        parse_pod_devices,
+    },
     inventory::Snapshot,
     kube::{Events, Regarding},
 };
@@ -161,10 +166,15 @@ impl VramCaps {
                 pod: who.clone(),
                 source: source.into(),
             })?;
+        let starting = self.owners.container(ids);
+        let resource = self.owners.resource();
+        let snapshot = self.snapshots.borrow().clone();
         let limits =
-            pod_limits(&pod, &self.snapshots.borrow()).map_err(|source| CapError::BadPod {
-                pod: who.clone(),
-                source: source.into(),
+            pod_limits(&pod, &snapshot, resource, starting.as_deref()).map_err(|source| {
+                CapError::BadPod {
+                    pod: who.clone(),
+                    source: source.into(),
+                }
             })?;
         if limits.is_empty() {
             return Ok(());
@@ -177,30 +187,60 @@ impl VramCaps {
                 pod: who.clone(),
                 source,
             })?;
-        info!(pod = %who, ?limits, "VRAM cap set");
+        info!(pod = %who, container = ?starting, ?limits, "VRAM cap set");
         Ok(())
     }
 }
 
-/// The pod's VRAM per GPU PCI address, in bytes: the sum over its containers
-/// of HAMi's grants (MiB) on that GPU.
+/// The pod's VRAM cap per GPU PCI address, in bytes, from the start of its
+/// container `starting` on ([`phase::cap`]): what its containers that run
+/// at once from then on were granted (`hami.io/amd-devices-allocated`, MiB),
+/// never more than HAMi counts for the pod. When the pod spec's containers
+/// asking for `resource` do not match HAMi's entries, the sum of every
+/// grant (each container's own limit still holds through the hook).
 ///
 /// # Errors
 /// When the annotation is missing or malformed, names a GPU this node does
-/// not have, or the sum overflows.
+/// not have, or a sum overflows.
 pub(crate) fn pod_limits(
     pod: &Pod,
     snapshot: &Snapshot,
+    resource: &str,
+    starting: Option<&str>,
 ) -> Result<BTreeMap<String, u64>, LimitsError> {
     let value = pod
         .annotations()
         .get(ALLOCATED_KEY)
         .ok_or(LimitsError::NoAnnotation)?;
     let containers = parse_pod_devices(DevicesAnnotation::Allocated, value)?;
-    let mut limits = BTreeMap::new();
+    let grants = containers
+        .iter()
+        .filter(|c| !c.is_empty())
+        .map(|devices| grant_of(devices, snapshot))
+        .collect::<Result<Vec<_>, _>>()?;
+    match entry_containers(pod, resource, grants.len()) {
+        Some(listed) => Ok(phase::cap(&grants, &listed, starting)),
+        None => {
+            let mut total = BTreeMap::new();
+            for (region, bytes) in grants.iter().flatten() {
+                let sum: &mut u64 = total.entry(region.clone()).or_default();
+                *sum = sum
+                    .checked_add(*bytes)
+                    .ok_or_else(|| LimitsError::Overflow {
+                        region: region.clone(),
+                    })?;
+            }
+            Ok(total)
+        }
+    }
+}
+
+/// One container's grant per region (the GPU's PCI address), in bytes.
+fn grant_of(devices: &[ContainerDevice], snapshot: &Snapshot) -> Result<phase::Grant, LimitsError> {
+    let mut grant = phase::Grant::new();
     // A grant made under an older name of a device counts on that device.
     let aliases = crate::inventory::ids::Aliases::of(snapshot);
-    for device in containers.iter().flatten() {
+    for device in devices {
         let current = aliases
             .resolve(&device.uuid)
             .map_err(LimitsError::Unresolved)?;
@@ -216,14 +256,12 @@ pub(crate) fn pod_limits(
             })?;
         // A compute partition's VRAM is capped in its GPU's region.
         let region = gpu.physical_bdf().to_owned();
-        let sum: &mut u64 = limits.entry(region.clone()).or_default();
+        let sum: &mut u64 = grant.entry(region.clone()).or_default();
         *sum = sum
             .checked_add(bytes)
-            .ok_or_else(|| LimitsError::Overflow {
-                region: region.clone(),
-            })?;
+            .ok_or(LimitsError::Overflow { region })?;
     }
-    Ok(limits)
+    Ok(grant)
 }
 
 #[cfg(test)]

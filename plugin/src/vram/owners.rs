@@ -36,6 +36,9 @@ struct Record {
     /// Whether Allocate mounted a staged memory hook for the ids (the
     /// loader check); pruned with `by_ids`.
     hooked: HashMap<BTreeSet<String>, bool>,
+    /// The container of the pod the ids went to, when known; pruned with
+    /// `by_ids`.
+    containers: HashMap<BTreeSet<String>, String>,
     prune_at: usize,
 }
 
@@ -65,8 +68,14 @@ impl Owners {
         let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         if record.by_ids.len() >= record.prune_at {
             record.by_ids.retain(|_, p| live(&p.uid));
-            let Record { by_ids, hooked, .. } = &mut *record;
+            let Record {
+                by_ids,
+                hooked,
+                containers,
+                ..
+            } = &mut *record;
             hooked.retain(|ids, _| by_ids.contains_key(ids));
+            containers.retain(|ids, _| by_ids.contains_key(ids));
             record.prune_at = 2 * record.by_ids.len() + 16;
         }
         record.by_ids.insert(ids.iter().cloned().collect(), pod);
@@ -77,6 +86,27 @@ impl Owners {
     pub(crate) fn remember_hook(&self, ids: &[String], staged: bool) {
         let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         record.hooked.insert(ids.iter().cloned().collect(), staged);
+    }
+
+    /// Records the container of the pod that `ids` went to (after
+    /// [`Self::remember`]).
+    pub(crate) fn remember_container(&self, ids: &[String], container: &str) {
+        let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        record
+            .containers
+            .insert(ids.iter().cloned().collect(), container.to_owned());
+    }
+
+    /// The container `ids` went to, when known.
+    pub(crate) fn container(&self, ids: &[String]) -> Option<String> {
+        let key: BTreeSet<String> = ids.iter().cloned().collect();
+        let record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        record.containers.get(&key).cloned()
+    }
+
+    /// The resource whose devices these are.
+    pub(crate) fn resource(&self) -> &str {
+        &self.resource_name
     }
 
     /// Whether Allocate mounted a staged hook for exactly `ids`; `None`
@@ -117,7 +147,7 @@ impl Owners {
                 source,
             })
         })?;
-        let (namespace, name) = owner_in(&list, &self.resource_name, ids)
+        let (namespace, name, container) = holder_in(&list, &self.resource_name, ids)
             .ok_or_else(|| fail(RecoverError::NotListed { path: path.clone() }))?;
         let who = format!("{namespace}/{name}");
         let uid = pods
@@ -138,6 +168,7 @@ impl Owners {
         };
         info!(pod = %format!("{}/{}", pod.namespace, pod.name), "owner of {ids:?} recovered from pod-resources");
         self.remember(ids, pod.clone(), |_| true);
+        self.remember_container(ids, &container);
         Ok(pod)
     }
 }
@@ -158,15 +189,6 @@ pub(crate) async fn list_pod_resources(
     tokio::time::timeout(CALL_TIMEOUT, call)
         .await
         .map_err(|_| PodResourcesError::Timeout(CALL_TIMEOUT))?
-}
-
-/// The pod with a container whose `resource` devices include every id.
-pub(crate) fn owner_in(
-    list: &ListPodResourcesResponse,
-    resource: &str,
-    ids: &[String],
-) -> Option<(String, String)> {
-    holder_in(list, resource, ids).map(|(namespace, name, _)| (namespace, name))
 }
 
 /// The pod (namespace, name) and container whose `resource` devices
@@ -220,10 +242,10 @@ mod tests {
         };
         let ids = |v: &[&str]| v.iter().map(ToString::to_string).collect::<Vec<_>>();
         assert_eq!(
-            owner_in(&list, "amd.com/gpu", &ids(&["G#0", "H#0"])),
-            Some(("b".into(), "two".into()))
+            holder_in(&list, "amd.com/gpu", &ids(&["G#0", "H#0"])),
+            Some(("b".into(), "two".into(), "c".into()))
         );
-        assert_eq!(owner_in(&list, "amd.com/gpu", &ids(&["G#9"])), None);
+        assert_eq!(holder_in(&list, "amd.com/gpu", &ids(&["G#9"])), None);
         assert_eq!(
             holder_in(&list, "amd.com/gpu", &ids(&["G#1"])),
             Some(("a".into(), "one".into(), "c".into()))

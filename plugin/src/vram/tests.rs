@@ -25,7 +25,7 @@ fn pod(allocated: &str) -> Pod {
 #[test]
 fn the_limit_is_the_pods_sum_per_gpu() {
     let two = pod("GPU-A,T,4096,76:;GPU-A,T,2048,38:GPU-B,T,1024,10:;");
-    let limits = pod_limits(&two, &snapshot()).unwrap();
+    let limits = pod_limits(&two, &snapshot(), "amd.com/gpu", None).unwrap();
     assert_eq!(
         limits,
         BTreeMap::from([
@@ -33,13 +33,13 @@ fn the_limit_is_the_pods_sum_per_gpu() {
             ("0000:15:00.0".to_owned(), 1024 * MIB),
         ])
     );
-    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), &snapshot())
+    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), &snapshot(), "amd.com/gpu", None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("GPU-Z"), "{err}");
     let none: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
     assert!(
-        pod_limits(&none, &snapshot())
+        pod_limits(&none, &snapshot(), "amd.com/gpu", None)
             .unwrap_err()
             .to_string()
             .contains(ALLOCATED_KEY)
@@ -193,4 +193,45 @@ async fn nothing_is_asked_when_the_backend_is_off() {
         assert!(matches!(done.unwrap(), Ok(())), "{mode:?}");
         assert!(sink.calls.lock().unwrap().is_empty(), "{mode:?}");
     }
+}
+
+/// Issue 35, point 3: an init container and an app container on one GPU.
+/// The cap at each PreStartContainer is what runs from then on (12 GiB
+/// while the init container runs, 4 GiB from the app on), not the sum of
+/// both grants; when the container is not known, HAMi's count.
+#[tokio::test(flavor = "current_thread")]
+async fn the_cap_follows_the_phase_of_the_starting_container() {
+    let asks = json!({"limits": {"amd.com/gpu": "1"}});
+    let mut staged = pod("GPU-A,T,12288,76:;GPU-A,T,4096,38:;");
+    staged.spec = serde_json::from_value(json!({
+        "initContainers": [{"name": "init", "image": "x", "resources": asks}],
+        "containers": [{"name": "app", "image": "x", "resources": asks}],
+    }))
+    .unwrap();
+    let (caps, sink) = caps(DmemMode::On, sink(true, None), vec![staged]);
+    let (init, app, lost) = (
+        vec!["GPU-A#0".to_owned()],
+        vec!["GPU-A#1".to_owned()],
+        vec!["GPU-A#2".to_owned()],
+    );
+    remember(&caps, &init);
+    caps.owners.remember_container(&init, "init");
+    remember(&caps, &app);
+    caps.owners.remember_container(&app, "app");
+    remember(&caps, &lost);
+    for ids in [&init, &app, &lost] {
+        tokio::time::timeout(Duration::from_secs(5), caps.pre_start(ids, false))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let region = "0000:05:00.0".to_owned();
+    let caps: Vec<u64> = sink
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, limits)| limits[&region])
+        .collect();
+    assert_eq!(caps, [12288 * MIB, 4096 * MIB, 12288 * MIB]);
 }
