@@ -133,6 +133,8 @@ pub struct World {
     pub gpud_args: Vec<String>,
     /// Where the plugin serves /metrics, /healthz and /readyz.
     pub metrics: std::net::SocketAddr,
+    /// Where the plugin serves /healthz and /readyz alone (`--probe-address`).
+    pub probes: std::net::SocketAddr,
     /// The fake AMD SMI library's fixture amd-gpud reads, if it does.
     pub amdsmi: Option<PathBuf>,
     _keep: (tempfile::TempDir, stack::Process),
@@ -273,6 +275,8 @@ async fn start_world(setup: &Setup<'_>, root: tempfile::TempDir, amdsmi: Option<
     let kubelet = FakeKubelet::start().await.unwrap();
     let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], stack::free_port().unwrap()));
     let metrics_arg = metrics.to_string();
+    let probes = std::net::SocketAddr::from(([127, 0, 0, 1], stack::free_port().unwrap()));
+    let probes_arg = probes.to_string();
     let extra = [
         "--kube",
         kubeconfig.as_str(),
@@ -284,6 +288,8 @@ async fn start_world(setup: &Setup<'_>, root: tempfile::TempDir, amdsmi: Option<
         super::sandbox_mode(),
         "--metrics-address",
         metrics_arg.as_str(),
+        "--probe-address",
+        probes_arg.as_str(),
     ];
     let mut extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
     extra.extend_from_slice(setup.plugin_args);
@@ -302,6 +308,7 @@ async fn start_world(setup: &Setup<'_>, root: tempfile::TempDir, amdsmi: Option<
         extra,
         gpud_args: setup.gpud_args.iter().map(ToString::to_string).collect(),
         metrics,
+        probes,
         amdsmi,
         _keep: (root, gpud),
     }
