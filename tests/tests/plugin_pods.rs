@@ -335,3 +335,83 @@ fn a_refused_allocate_is_a_warning_event_on_the_node() {
         }
     });
 }
+
+#[test]
+fn a_pod_hami_places_on_a_running_sidecars_cus_is_refused() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(120), sidecar_undercount());
+}
+
+/// HAMi v2.10.0 counts a sidecar as an init-container peak, so a pod with a
+/// sidecar and an app container at half a GPU each counts as half the GPU
+/// while both run, and HAMi places a second half-GPU pod there. The plugin
+/// gives no CU twice: the second pod's container is refused (CuConflict)
+/// and its bind-phase says failed (docs/hami-protocol.md §7).
+async fn sidecar_undercount() {
+    let w = world().await;
+    let g1 = &w.gpus[1];
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    let half = json!({"limits": {"amd.com/gpu": "1", "amd.com/gpucores": "50",
+                                 "amd.com/gpumem": "65536"}});
+    let pinned = json!({"amd.com/use-gpu-uuid": g1.id});
+    let sidecar = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "with-sidecar", "annotations": pinned},
+        "spec": {
+            "initContainers": [{"name": "side", "image": "rocm", "restartPolicy": "Always",
+                                "resources": half}],
+            "containers": [{"name": "app", "image": "rocm", "resources": half}]}});
+    let placed = hami
+        .schedule(
+            &w.api,
+            &sidecar,
+            700,
+            tests::hami_emulator::request::GpuPolicy::Spread,
+        )
+        .unwrap();
+    assert_eq!(placed.grants.len(), 2);
+    settle().await;
+    assert_eq!(mask(&w, g1, 0).await, "0:0-151", "the sidecar");
+    assert_eq!(mask(&w, g1, 1).await, "0:152-303", "the app, beside it");
+    let mut pod = w.api.get(Kind::Pod, "default", "with-sidecar").unwrap();
+    pod["status"] = json!({"phase": "Running", "initContainerStatuses": [{
+        "name": "side", "image": "rocm", "imageID": "", "ready": true, "restartCount": 0,
+        "started": true, "state": {"running": {}}}]});
+    w.api.put_pod(pod);
+
+    let second = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "second", "annotations": pinned},
+        "spec": {"containers": [{"name": "c", "image": "rocm", "resources": half}]}});
+    hami.schedule(
+        &w.api,
+        &second,
+        701,
+        tests::hami_emulator::request::GpuPolicy::Spread,
+    )
+    .expect("HAMi v2.10.0 counts the GPU half used");
+    settle().await;
+    let refused = w.kubelet.allocate(vec![format!("{}#2", g1.id)]).await;
+    let err = refused.unwrap_err().to_string();
+    assert!(err.contains("second"), "{err}");
+    assert_eq!(
+        pod_annotation(&w.api, "second", "hami.io/bind-phase").as_deref(),
+        Some("failed")
+    );
+    let start = Instant::now();
+    while !w
+        .api
+        .events()
+        .iter()
+        .any(|e| e["reason"] == "CuConflict" && e["regarding"]["name"] == "second")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            w.api.events()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use self::{
     filter::{FilterError, REGISTER_KEY, decode_register, fit},
-    request::{ContainerRequest, GpuPolicy, Selection},
+    request::{ContainerRequest, GpuPolicy, RequestError, Selection},
     usage::node_usage,
 };
 use crate::apiserver::{FakeApiServer, Kind, rfc3339};
@@ -63,6 +63,9 @@ pub struct Placement {
     pub requests: Vec<ContainerRequest>,
     /// Their grants, in the same order.
     pub grants: Vec<Vec<Grant>>,
+    /// Requests HAMi dropped (logged out of range): with none kept, HAMi
+    /// binds the pod without devices ([`request::Requests::dropped`]).
+    pub dropped: Vec<RequestError>,
 }
 
 impl HamiEmulator {
@@ -108,11 +111,24 @@ impl HamiEmulator {
             node: self.node.clone(),
             message: e.to_string(),
         })?;
-        let requests = request::requests(&pod)?;
+        let request::Requests { kept, dropped } = request::requests_of(&pod)?;
+        if kept.is_empty() && request::routed_to_hami(&pod) {
+            // HAMi's Filter passes every node for a pod without requests,
+            // and its Bind binds it with no device annotation.
+            return Ok(Placement {
+                requests: kept,
+                grants: Vec::new(),
+                dropped,
+            });
+        }
         let usage = node_usage(&devices, &self.node, pods);
         let selection = Selection::of(&pod, policy);
-        let grants = fit(&self.node, &usage, &requests, &selection)?;
-        Ok(Placement { requests, grants })
+        let grants = fit(&self.node, &usage, &kept, &selection)?;
+        Ok(Placement {
+            requests: kept,
+            grants,
+            dropped,
+        })
     }
 
     /// Filter, then Bind: the pod is stored bound to this node at Unix time
@@ -304,21 +320,28 @@ impl HamiEmulator {
     }
 
     /// The annotations HAMi's Filter and Bind write on a pod granted
-    /// `containers` at Unix time `now`.
+    /// `containers` at Unix time `now`: Bind's alone when Filter granted
+    /// nothing (every request dropped).
     pub fn bind_annotations(
         &self,
         containers: &[Vec<Grant>],
         now: u64,
-    ) -> [(&'static str, String); 6] {
+    ) -> Vec<(&'static str, String)> {
+        let bind = [
+            ("hami.io/bind-phase", "allocating".to_owned()),
+            ("hami.io/bind-time", now.to_string()),
+        ];
+        if containers.is_empty() {
+            return bind.into();
+        }
         let entry = encode(containers);
-        [
+        let filter = [
             ("hami.io/vgpu-node", self.node.clone()),
             ("hami.io/vgpu-time", now.to_string()),
             ("hami.io/amd-devices-to-allocate", entry.clone()),
             (filter::ALLOCATED_KEY, entry),
-            ("hami.io/bind-phase", "allocating".to_owned()),
-            ("hami.io/bind-time", now.to_string()),
-        ]
+        ];
+        filter.into_iter().chain(bind).collect()
     }
 
     /// Stores `pod` with Filter's and Bind's annotations, bound and Pending.
@@ -332,7 +355,9 @@ impl HamiEmulator {
         for (key, value) in self.bind_annotations(containers, now) {
             pod["metadata"]["annotations"][key] = json!(value);
         }
-        pod["metadata"]["labels"]["hami.io/vgpu-node"] = json!(self.node);
+        if !containers.is_empty() {
+            pod["metadata"]["labels"]["hami.io/vgpu-node"] = json!(self.node);
+        }
         pod["spec"]["nodeName"] = json!(self.node);
         pod["status"] = json!({"phase": "Pending"});
         api.put_pod(pod);

@@ -57,7 +57,8 @@ pub enum RequestError {
     CountOutOfRange { container: String, value: i128 },
     #[error(
         "container {container}: {GPU_MEM} {value:?} is {mib} MiB, outside 0-2147483647: HAMi \
-         silently drops the container's whole AMD request (write MiB as a plain number)"
+         logs \"amd device memory request is out of range\" and drops the container's whole AMD \
+         request (write MiB as a plain number)"
     )]
     MemoryDropped {
         container: String,
@@ -145,23 +146,76 @@ impl Selection {
 }
 
 /// The AMD requests of `pod`, init containers first; containers without
-/// `amd.com/gpu` (or with 0) ask for nothing and are left out.
+/// `amd.com/gpu` (or with 0) ask for nothing and are left out, and so are
+/// those whose request HAMi drops ([`Requests::dropped`]).
 ///
 /// # Errors
-/// On the first request HAMi, its webhook or the API server would refuse.
+/// On the first request HAMi's webhook or the API server would refuse.
 pub fn requests(pod: &Pod) -> Result<Vec<ContainerRequest>, RequestError> {
+    requests_of(pod).map(|r| r.kept)
+}
+
+/// A pod's AMD requests as HAMi v2.10.0 reads them
+/// (`pkg/device/amd/device.go`, `GenerateResourceRequests`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Requests {
+    /// The requests HAMi places, init containers first.
+    pub kept: Vec<ContainerRequest>,
+    /// Requests HAMi logs as out of range and drops: a count or memory
+    /// limit that is not a whole number in 1 (0 for memory) to 2^31 - 1,
+    /// such as `amd.com/gpumem: 16Gi`. Kubelet still allocates the
+    /// container's `amd.com/gpu`, and no device annotation names it.
+    pub dropped: Vec<RequestError>,
+}
+
+impl RequestError {
+    /// Whether HAMi drops the container's request (rather than its webhook
+    /// denying the pod).
+    pub fn dropped(&self) -> bool {
+        match self {
+            Self::CountOutOfRange { .. } | Self::MemoryDropped { .. } => true,
+            Self::NotInteger { resource, .. } => *resource != GPU_CORES,
+            Self::CoresOutOfRange { .. } => false,
+        }
+    }
+}
+
+/// [`requests`] with the dropped ones.
+///
+/// # Errors
+/// As [`requests`].
+pub fn requests_of(pod: &Pod) -> Result<Requests, RequestError> {
     let Some(spec) = &pod.spec else {
-        return Ok(Vec::new());
+        return Ok(Requests::default());
     };
     let init = spec.init_containers.iter().flatten().map(|c| (c, true));
     let app = spec.containers.iter().map(|c| (c, false));
-    let mut out = Vec::new();
+    let mut out = Requests::default();
     for (container, is_init) in init.chain(app) {
-        if let Some(request) = container_request(container, is_init)? {
-            out.push(request);
+        match container_request(container, is_init) {
+            Ok(Some(request)) => out.kept.push(request),
+            Ok(None) => {}
+            Err(err) if err.dropped() => out.dropped.push(err),
+            Err(err) => return Err(err),
         }
     }
     Ok(out)
+}
+
+/// Whether HAMi's webhook hands `pod` to HAMi's scheduler: a container
+/// limits `amd.com/gpu`, `gpumem` or `gpucores` (`MutateAdmission`).
+pub fn routed_to_hami(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else {
+        return false;
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .any(|c| {
+            let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+            limits.is_some_and(|l| [GPU, GPU_MEM, GPU_CORES].iter().any(|k| l.contains_key(*k)))
+        })
 }
 
 fn container_request(
@@ -362,18 +416,47 @@ mod tests {
             Err(RequestError::CoresOutOfRange { value: 101, .. })
         ));
         let err = requests(&with_limits(
-            json!({"amd.com/gpu": 1, "amd.com/gpumem": "16Gi"}),
+            json!({"amd.com/gpu": 1, "amd.com/gpucores": "0.5"}),
         ));
-        let Err(e @ RequestError::MemoryDropped { .. }) = err else {
-            panic!("{err:?}")
-        };
-        assert!(e.to_string().contains("17179869184 MiB"), "{e}");
-        let err = requests(&with_limits(json!({"amd.com/gpu": "0.5"})));
         assert!(matches!(err, Err(RequestError::NotInteger { .. })));
         assert_eq!(
             requests(&with_limits(json!({"amd.com/gpu": 0}))).unwrap(),
             []
         );
+    }
+
+    /// HAMi v2.10.0 on `amd.com/gpumem: 16Gi`: "amd device memory request is
+    /// out of range", the request dropped, the pod still HAMi's to bind.
+    #[test]
+    fn hami_v2_10_drops_an_out_of_range_request() {
+        let p = with_limits(json!({"amd.com/gpu": 1, "amd.com/gpumem": "16Gi"}));
+        let got = requests_of(&p).unwrap();
+        assert!(got.kept.is_empty());
+        let [e @ RequestError::MemoryDropped { .. }] = got.dropped.as_slice() else {
+            panic!("{got:?}")
+        };
+        assert!(e.to_string().contains("17179869184 MiB"), "{e}");
+        assert!(routed_to_hami(&p));
+        let half = requests_of(&with_limits(json!({"amd.com/gpu": "0.5"}))).unwrap();
+        assert!(matches!(
+            half.dropped.as_slice(),
+            [RequestError::NotInteger { .. }]
+        ));
+    }
+
+    /// `amd.com/gpucores` or `gpumem` without `amd.com/gpu`: HAMi's webhook
+    /// routes the pod to HAMi, which places no device.
+    #[test]
+    fn hami_v2_10_takes_cores_or_memory_without_a_count() {
+        for limits in [
+            json!({"amd.com/gpucores": 50}),
+            json!({"amd.com/gpumem": 1024}),
+        ] {
+            let p = with_limits(limits);
+            assert_eq!(requests_of(&p).unwrap(), Requests::default());
+            assert!(routed_to_hami(&p));
+        }
+        assert!(!routed_to_hami(&with_limits(json!({"cpu": 1}))));
     }
 
     #[test]

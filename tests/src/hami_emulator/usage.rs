@@ -12,12 +12,22 @@
 //! difference out again. The emulator reproduces that, on purpose: the
 //! plugin must hold against the scheduler as it is.
 //!
-//! Per device: a sidecar (an init container with `restartPolicy: Always`)
-//! joins the running set for good; another init entry raises the peak to
-//! sidecars + itself; app entries add up. Used memory and cores are
-//! `max(peak, sidecars + apps)`, containers `max(peak, sidecars + apps, 1)`.
-//! Once every non-sidecar init container has succeeded, HAMi shrinks the pod
-//! to its steady state: init entries no longer count.
+//! Per device, as HAMi v2.10.0 (Project-HAMi/HAMi 4707fb02,
+//! `CollapseInitContainerUsage`) does it: the init entries (sidecars among
+//! them: v2.10.0 does not tell them apart) give a peak, the largest memory
+//! and the largest cores of any one of them, one container; the app entries
+//! add up. Used memory and cores are `max(init peak, app sum)` field by
+//! field, containers `max(1 if any init entry, apps, 1)`. Once every init
+//! container status shows it terminated with 0 (`AllInitContainersSucceeded`:
+//! a running sidecar never has), HAMi shrinks the pod to its app entries
+//! (`AppContainersOnlyDeviceUsage`): a device only init entries named is no
+//! longer used.
+//!
+//! HAMi therefore counts a sidecar as an init peak only, while it runs
+//! beside the app containers: HAMi may place a later pod on CUs a running
+//! sidecar holds, and the plugin refuses that pod's container (a CU
+//! conflict, docs/hami-protocol.md §7). An unmerged HAMi change (PR #2723)
+//! counts sidecars beside the apps; the emulator follows the release.
 
 use std::collections::BTreeMap;
 
@@ -63,86 +73,60 @@ pub fn node_usage<'a>(
     out
 }
 
-/// Running sums of one device while walking a pod's entries.
+/// Sums of one device while walking a pod's entries.
 #[derive(Default)]
 struct Phases {
-    sidecars: Usage,
+    /// Any init entry named the device.
+    init: bool,
     peak: Usage,
     apps: Usage,
 }
 
-fn add(to: &mut Usage, grant: &Grant) {
-    to.used += 1;
-    to.mem_mib += i64::from(grant.mem_mib);
-    to.cores += i64::from(grant.cus);
-}
-
-fn raise(peak: &mut Usage, with: Usage) {
-    peak.used = peak.used.max(with.used);
-    peak.mem_mib = peak.mem_mib.max(with.mem_mib);
-    peak.cores = peak.cores.max(with.cores);
-}
-
-/// One pod's use of each device it names, as HAMi collapses it.
+/// One pod's use of each device it names, as HAMi v2.10.0 collapses it.
 pub fn pod_usage(pod: &Value, entries: &[Vec<Grant>]) -> BTreeMap<String, Usage> {
-    let init = pod["spec"]["initContainers"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    let sidecar = |i: usize| init.get(i).is_some_and(|c| c["restartPolicy"] == "Always");
-    let steady = init_released(pod, init);
+    let init = pod["spec"]["initContainers"].as_array().map_or(0, Vec::len);
+    let steady = all_init_succeeded(pod);
     let mut phases: BTreeMap<String, Phases> = BTreeMap::new();
     for (i, entry) in entries.iter().enumerate() {
         for grant in entry {
+            if i < init && steady {
+                continue;
+            }
             let p = phases.entry(grant.id.clone()).or_default();
-            if i < init.len() && sidecar(i) {
-                add(&mut p.sidecars, grant);
-                raise(&mut p.peak, p.sidecars);
-            } else if i < init.len() {
-                if steady {
-                    continue;
-                }
-                let mut with = p.sidecars;
-                add(&mut with, grant);
-                raise(&mut p.peak, with);
+            if i < init {
+                p.init = true;
+                p.peak.mem_mib = p.peak.mem_mib.max(i64::from(grant.mem_mib));
+                p.peak.cores = p.peak.cores.max(i64::from(grant.cus));
             } else {
-                add(&mut p.apps, grant);
+                p.apps.used += 1;
+                p.apps.mem_mib += i64::from(grant.mem_mib);
+                p.apps.cores += i64::from(grant.cus);
             }
         }
     }
     phases
         .into_iter()
         .map(|(id, p)| {
-            let running = Usage {
-                used: p.sidecars.used + p.apps.used,
-                mem_mib: p.sidecars.mem_mib + p.apps.mem_mib,
-                cores: p.sidecars.cores + p.apps.cores,
+            let usage = Usage {
+                used: p.apps.used.max(i64::from(p.init)).max(1),
+                mem_mib: p.peak.mem_mib.max(p.apps.mem_mib),
+                cores: p.peak.cores.max(p.apps.cores),
             };
-            let mut total = if steady { Usage::default() } else { p.peak };
-            raise(&mut total, running);
-            if !steady {
-                total.used = total.used.max(1);
-            }
-            (id, total)
+            (id, usage)
         })
         .collect()
 }
 
-/// Whether every non-sidecar init container has terminated with status 0
-/// (HAMi's `AllNonSidecarInitContainersSucceeded`), so that the pod counts
-/// at its steady state. A pod without such init containers never shrinks.
-fn init_released(pod: &Value, init: &[Value]) -> bool {
+/// HAMi's `AllInitContainersSucceeded`: the pod has init container
+/// statuses and every one shows it terminated with exit code 0.
+fn all_init_succeeded(pod: &Value) -> bool {
     let statuses = pod["status"]["initContainerStatuses"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);
-    let mut plain = init.iter().filter(|c| c["restartPolicy"] != "Always");
-    let mut any = false;
-    let all = plain.all(|c| {
-        any = true;
-        statuses.iter().any(|s| {
-            s["name"] == c["name"] && s["state"]["terminated"]["exitCode"].as_i64() == Some(0)
-        })
-    });
-    any && all
+    !statuses.is_empty()
+        && statuses
+            .iter()
+            .all(|s| s["state"]["terminated"]["exitCode"].as_i64() == Some(0))
 }
 
 #[cfg(test)]
@@ -194,26 +178,48 @@ mod tests {
         );
     }
 
+    /// HAMi v2.10.0 on a pod with a sidecar (10 MiB), an init container
+    /// (500 MiB) and an app (20 MiB): the init peak is 500 MiB, the sidecar
+    /// is not added to the app; and since a running sidecar never shows
+    /// terminated, the pod never shrinks while it runs.
     #[test]
-    fn sidecars_stay_and_finished_init_containers_leave() {
+    fn hami_v2_10_counts_a_sidecar_as_an_init_peak() {
         let init = json!([{"name": "side", "restartPolicy": "Always"}, {"name": "i1"}]);
+        let value = "A,T,10,1:;A,T,500,50:;A,T,20,2:;";
         let p = pod(init.clone(), json!([]));
+        assert_eq!(usage_of(&p, value), [("A".into(), (1, 500, 50))]);
+        let side_runs = json!([
+            {"name": "side", "state": {"running": {}}},
+            {"name": "i1", "state": {"terminated": {"exitCode": 0}}}]);
+        let p = pod(init.clone(), side_runs);
         assert_eq!(
-            usage_of(&p, "A,T,10,1:;A,T,500,50:;A,T,20,2:;"),
-            [("A".into(), (2, 510, 51))]
+            usage_of(&p, value),
+            [("A".into(), (1, 500, 50))],
+            "the sidecar runs: no shrink"
         );
-        let done = json!([{"name": "i1", "state": {"terminated": {"exitCode": 0}}}]);
-        let p = pod(init.clone(), done);
-        assert_eq!(
-            usage_of(&p, "A,T,10,1:;A,T,500,50:;A,T,20,2:;"),
-            [("A".into(), (2, 30, 3))]
-        );
+        let all_done = json!([
+            {"name": "side", "state": {"terminated": {"exitCode": 0}}},
+            {"name": "i1", "state": {"terminated": {"exitCode": 0}}}]);
+        let p = pod(init.clone(), all_done);
+        assert_eq!(usage_of(&p, value), [("A".into(), (1, 20, 2))]);
         let failed = json!([{"name": "i1", "state": {"terminated": {"exitCode": 1}}}]);
         let p = pod(init, failed);
         assert_eq!(
-            usage_of(&p, "A,T,10,1:;A,T,500,50:;A,T,20,2:;"),
-            [("A".into(), (2, 510, 51))],
+            usage_of(&p, value),
+            [("A".into(), (1, 500, 50))],
             "a failed init container does not release"
+        );
+    }
+
+    /// Init entries give one container and the larger of each field, not
+    /// the largest entry: 500 MiB of one, 60 cores of another.
+    #[test]
+    fn the_init_peak_is_taken_field_by_field() {
+        let init = json!([{"name": "i0"}, {"name": "i1"}]);
+        let p = pod(init, json!([]));
+        assert_eq!(
+            usage_of(&p, "A,T,500,10:;A,T,100,60:;A,T,20,2:;A,T,20,2:;"),
+            [("A".into(), (2, 500, 60))]
         );
     }
 }

@@ -122,7 +122,9 @@ async fn bind(
     for (key, value) in node.hami.bind_annotations(&placement.grants, now) {
         manifest["metadata"]["annotations"][key] = json!(value);
     }
-    manifest["metadata"]["labels"]["hami.io/vgpu-node"] = json!(node.name);
+    if !placement.grants.is_empty() {
+        manifest["metadata"]["labels"]["hami.io/vgpu-node"] = json!(node.name);
+    }
     let object: Pod = serde_json::from_value(manifest).map_err(|e| e.to_string())?;
     let pods: Api<Pod> = Api::namespaced(session.client.clone(), &pod.namespace);
     let created = pods
@@ -287,6 +289,7 @@ mod tests {
         let placement = Placement {
             requests: Vec::new(),
             grants: vec![vec![g("A"), g("B")]],
+            dropped: Vec::new(),
         };
         let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         assert!(followed(&ids(&["B#7", "A#9"]), &placement, 0));
