@@ -12,7 +12,10 @@
 //! finish (deleted, or Succeeded) to make room. Between rounds every plugin
 //! is restarted. After every Allocate the container's hold (its CU mask, or
 //! the whole device) is checked against every live container's; every
-//! Allocate and every PreStartContainer must succeed.
+//! Allocate and every PreStartContainer must succeed. One admission in ten
+//! is a race HAMi v2.10.0 makes (`grants_under_lag/race.rs`): a pod bound
+//! without the node lock while another pod holds it, or under a lock whose
+//! owner is gone.
 //!
 //! `GRANTS_DECISIONS` sets how many Allocates to run (default 10,000, about
 //! 3,300 per node); `GRANTS_SEED` replays a run (the seed is printed; by
@@ -25,6 +28,8 @@
 mod common;
 #[path = "grants_under_lag/pods.rs"]
 mod pods;
+#[path = "grants_under_lag/race.rs"]
+mod race;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -32,13 +37,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use pods::Shape;
+use race::Scheduled;
 use serde_json::json;
 use tests::{
     apiserver::{Kind, WatchDelay},
     fixture::cgroup::{CgroupDriver, QosClass, add_pod},
     grants::{Held, overlap_with, parse_id_list},
     hami_emulator::{
-        Grant,
+        Grant, Placement,
         request::{ContainerRequest, GpuPolicy},
     },
     kubelet::ContainerAllocateResponse,
@@ -133,6 +140,8 @@ struct Stats {
     deleted: u64,
     succeeded: u64,
     restarts: u64,
+    races: u64,
+    stale_locks: u64,
 }
 
 impl Stats {
@@ -144,6 +153,8 @@ impl Stats {
         self.deleted += o.deleted;
         self.succeeded += o.succeeded;
         self.restarts += o.restarts;
+        self.races += o.races;
+        self.stale_locks += o.stale_locks;
     }
 }
 
@@ -231,7 +242,11 @@ impl<'a> Driver<'a> {
                 self.finish_one();
                 continue;
             }
-            self.admit_one(round).await;
+            if self.rng.chance(10) {
+                self.admit_racing(round).await;
+            } else {
+                self.admit_one(round).await;
+            }
         }
     }
 
@@ -265,6 +280,17 @@ impl<'a> Driver<'a> {
     }
 
     async fn admit_one(&mut self, round: usize) {
+        let Some((name, placement)) = self.place(None, Scheduled::Bound) else {
+            return;
+        };
+        self.admit_placed(&name, &placement, round).await;
+        self.wait_unlocked(&name, round).await;
+    }
+
+    /// HAMi's Filter and Bind (up to the lock for [`Scheduled::Locked`]) of
+    /// a new random pod, of `shape` when given; `None` when HAMi cannot
+    /// place it (a live pod then finishes to make room).
+    fn place(&mut self, shape: Option<Shape>, how: Scheduled) -> Option<(String, Placement)> {
         self.serial += 1;
         let name = format!("{}-{}", self.node.name, self.serial);
         let kind = pods::NodeKind {
@@ -272,24 +298,31 @@ impl<'a> Driver<'a> {
             rdna: self.node.fixture.starts_with("rx"),
             unsliceable: &self.unsliceable,
         };
-        let manifest = pods::random_pod(&mut self.rng, &name, &kind);
-        let now = unix_now();
-        let placement =
-            match self
-                .node
-                .hami
-                .schedule(&self.session.api, &manifest, now, GpuPolicy::Spread)
-            {
-                Ok(placement) => placement,
-                Err(_) => {
-                    self.stats.unschedulable += 1;
-                    self.finish_one();
-                    return;
-                }
-            };
+        let shape = shape.unwrap_or_else(|| Shape::random(&mut self.rng));
+        let manifest = pods::pod_of(&mut self.rng, &name, &kind, shape);
+        let (api, hami, now) = (&self.session.api, &self.node.hami, unix_now());
+        let placed = match how {
+            Scheduled::Bound => hami.schedule(api, &manifest, now, GpuPolicy::Spread),
+            Scheduled::Locked => {
+                hami.schedule_before_binding(api, &manifest, now, GpuPolicy::Spread)
+            }
+        };
+        match placed {
+            Ok(placement) => Some((name, placement)),
+            Err(_) => {
+                self.stats.unschedulable += 1;
+                self.finish_one();
+                None
+            }
+        }
+    }
+
+    /// Kubelet admits the bound pod `name`: Allocate per container, then
+    /// the start; the pod joins the live ones.
+    async fn admit_placed(&mut self, name: &str, placement: &Placement, round: usize) {
         self.stats.pods += 1;
         let mut pod = LivePod {
-            name: name.clone(),
+            name: name.to_owned(),
             ids: Vec::new(),
             held: Vec::new(),
             reusable: Vec::new(),
@@ -298,9 +331,8 @@ impl<'a> Driver<'a> {
         for (request, grants) in placement.requests.iter().zip(&placement.grants) {
             allocated.push(self.allocate(&mut pod, request, grants, round).await);
         }
-        self.start(&name, &allocated, round).await;
+        self.start(name, &allocated, round).await;
         self.live.push(pod);
-        self.wait_unlocked(&name, round).await;
     }
 
     /// Kubelet's Allocate for one container of `pod`, which must succeed and

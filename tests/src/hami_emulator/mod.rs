@@ -147,6 +147,34 @@ impl HamiEmulator {
         now: u64,
         policy: GpuPolicy,
     ) -> Result<Placement, FilterError> {
+        self.schedule_up_to(api, manifest, (now, policy), true)
+    }
+
+    /// [`Self::schedule`] up to the node lock: the pod carries Filter's and
+    /// Bind's annotations and the lock names it (when an app container asks
+    /// for AMD GPUs), but the Binding is not made ([`Self::complete_binding`]
+    /// makes it). HAMi binds pods asking in init containers only in between,
+    /// without the lock.
+    ///
+    /// # Errors
+    /// As [`Self::filter`]; nothing is written then.
+    pub fn schedule_before_binding(
+        &self,
+        api: &FakeApiServer,
+        manifest: &Value,
+        now: u64,
+        policy: GpuPolicy,
+    ) -> Result<Placement, FilterError> {
+        self.schedule_up_to(api, manifest, (now, policy), false)
+    }
+
+    fn schedule_up_to(
+        &self,
+        api: &FakeApiServer,
+        manifest: &Value,
+        (now, policy): (u64, GpuPolicy),
+        bound: bool,
+    ) -> Result<Placement, FilterError> {
         let placement = self.filter(api, manifest, policy)?;
         let mut pod = manifest.clone();
         if pod["metadata"]["namespace"].as_str().is_none() {
@@ -161,10 +189,12 @@ impl HamiEmulator {
             .as_str()
             .unwrap_or_default()
             .to_owned();
-        self.store_bound(api, pod, &placement.grants, now);
+        // HAMi's Bind: the lock (for AMD app containers), the pod's
+        // annotations, then the Binding.
         if placement.requests.iter().any(|r| !r.init) {
             self.lock_for(api, &format!("{},{namespace},{name}", rfc3339(now)));
         }
+        self.store(api, pod, &placement.grants, now, bound);
         Ok(placement)
     }
 
@@ -268,16 +298,21 @@ impl HamiEmulator {
         containers: &[Vec<Grant>],
         now: u64,
     ) {
-        self.bind_unlocked(api, name, containers, now);
-        let mut pod = api
-            .get(Kind::Pod, "default", name)
-            .unwrap_or_else(|| panic!("pod {name} was just stored"));
-        pod["spec"]["nodeName"] = Value::Null;
-        api.put_pod(pod);
         self.lock(api, name);
+        let devices: usize = containers.iter().map(Vec::len).sum();
+        let limits = json!({"amd.com/gpu": devices.to_string()});
+        let spec = json!({"containers": [{"name": "c", "image": "rocm",
+                                          "resources": {"limits": limits}}]});
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+        });
+        self.store(api, pod, containers, now, false);
     }
 
-    /// The Binding of a pod [`Self::lock_before_binding`] left unbound.
+    /// The Binding of `default/<name>`, which [`Self::lock_before_binding`]
+    /// or [`Self::schedule_before_binding`] left unbound.
     pub fn complete_binding(&self, api: &FakeApiServer, name: &str) {
         let mut pod = api
             .get(Kind::Pod, "default", name)
@@ -316,7 +351,7 @@ impl HamiEmulator {
             "metadata": {"name": name, "namespace": "default"},
             "spec": spec,
         });
-        self.store_bound(api, pod, containers, now);
+        self.store(api, pod, containers, now, true);
     }
 
     /// The annotations HAMi's Filter and Bind write on a pod granted
@@ -344,13 +379,15 @@ impl HamiEmulator {
         filter.into_iter().chain(bind).collect()
     }
 
-    /// Stores `pod` with Filter's and Bind's annotations, bound and Pending.
-    fn store_bound(
+    /// Stores `pod` with Filter's and Bind's annotations, Pending, and
+    /// bound to the node when `bound` (else HAMi has not made its Binding).
+    fn store(
         &self,
         api: &FakeApiServer,
         mut pod: Value,
         containers: &[Vec<Grant>],
         now: u64,
+        bound: bool,
     ) {
         for (key, value) in self.bind_annotations(containers, now) {
             pod["metadata"]["annotations"][key] = json!(value);
@@ -358,7 +395,9 @@ impl HamiEmulator {
         if !containers.is_empty() {
             pod["metadata"]["labels"]["hami.io/vgpu-node"] = json!(self.node);
         }
-        pod["spec"]["nodeName"] = json!(self.node);
+        if bound {
+            pod["spec"]["nodeName"] = json!(self.node);
+        }
         pod["status"] = json!({"phase": "Pending"});
         api.put_pod(pod);
     }

@@ -38,28 +38,61 @@ fn container(name: &str, limits: Option<Value>) -> Value {
     }
 }
 
-/// A random pod `default/<name>`: one or two AMD app containers, an AMD
-/// init container before one, or an AMD init container only (HAMi takes no
-/// lock for it: the plugin finds the pod by the fallback rule); binpack or
-/// spread.
-pub fn random_pod(rng: &mut Rng, name: &str, kind: &NodeKind<'_>) -> Value {
-    let (init, app): (Vec<Value>, Vec<Value>) = match rng.below(100) {
-        0..5 => (
+/// The containers of a random pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// An AMD init container only (HAMi takes no lock for it: the plugin
+    /// finds the pod by the fallback rule).
+    InitOnly,
+    /// An AMD init container before an AMD app container.
+    InitAndApp,
+    /// Two AMD app containers.
+    TwoApps,
+    /// One AMD app container.
+    OneApp,
+}
+
+impl Shape {
+    /// The mix of the lag test: 5 % init only, 15 % init and app, 15 % two
+    /// apps, the rest one app.
+    pub fn random(rng: &mut Rng) -> Self {
+        match rng.below(100) {
+            0..5 => Self::InitOnly,
+            5..20 => Self::InitAndApp,
+            20..35 => Self::TwoApps,
+            _ => Self::OneApp,
+        }
+    }
+
+    /// A shape with an AMD app container (HAMi locks the node for it).
+    pub fn random_app(rng: &mut Rng) -> Self {
+        match rng.below(3) {
+            0 => Self::InitAndApp,
+            1 => Self::TwoApps,
+            _ => Self::OneApp,
+        }
+    }
+}
+
+/// A random pod `default/<name>` of `shape`; binpack or spread.
+pub fn pod_of(rng: &mut Rng, name: &str, kind: &NodeKind<'_>, shape: Shape) -> Value {
+    let (init, app): (Vec<Value>, Vec<Value>) = match shape {
+        Shape::InitOnly => (
             vec![container("init", Some(amd_limits(rng, kind)))],
             vec![container("main", None)],
         ),
-        5..20 => (
+        Shape::InitAndApp => (
             vec![container("init", Some(amd_limits(rng, kind)))],
             vec![container("main", Some(amd_limits(rng, kind)))],
         ),
-        20..35 => (
+        Shape::TwoApps => (
             Vec::new(),
             vec![
                 container("a", Some(amd_limits(rng, kind))),
                 container("b", Some(amd_limits(rng, kind))),
             ],
         ),
-        _ => (
+        Shape::OneApp => (
             Vec::new(),
             vec![container("main", Some(amd_limits(rng, kind)))],
         ),
