@@ -32,16 +32,18 @@ use common::have_dbus;
 /// node-sim `--json` on the RX 9070 XT node with `yaml` as the pods (and
 /// `extra` arguments): exit code, report, stderr.
 fn rdna_pods(yaml: &str, extra: &[&str]) -> (i32, Value, String) {
+    let mut args = vec!["--node", "rx9070xt"];
+    args.extend_from_slice(extra);
+    json_pods(yaml, &args)
+}
+
+/// node-sim `--json` with `yaml` as the pods and `args`: exit code,
+/// report, stderr.
+fn json_pods(yaml: &str, extra: &[&str]) -> (i32, Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let pods = dir.path().join("pods.yaml");
     std::fs::write(&pods, yaml).unwrap();
-    let mut args = vec![
-        "--json",
-        "--node",
-        "rx9070xt",
-        "--pods",
-        pods.to_str().unwrap(),
-    ];
+    let mut args = vec!["--json", "--pods", pods.to_str().unwrap()];
     args.extend_from_slice(extra);
     let (code, stdout, stderr) = node_sim(&args);
     let report = serde_json::from_str(&stdout)
@@ -207,4 +209,27 @@ fn runs_as_an_ordinary_user() {
     let p = pod_named(&report, "quarter-gpu");
     admitted(p, &[1]);
     sliced(&containers(p)[0], 76, 4096);
+}
+
+/// Kubelet's device manager hands an init container's devices to the next
+/// containers of the pod (`devicesToReuse`): in partition mode HAMi grants
+/// an init container and an app container of one size the same partition,
+/// and the fake kubelet must give the app container the init container's
+/// device ids, as kubelet does, for the pod to start.
+#[test]
+fn an_app_container_reuses_its_init_containers_partition() {
+    if !have_dbus() {
+        return;
+    }
+    let yaml = "apiVersion: v1\nkind: Pod\nmetadata: {name: staged}\nspec:\n  initContainers:\n  \
+                - name: prep\n    image: x\n    resources: {limits: {amd.com/gpu: 1}}\n  \
+                containers:\n  - name: main\n    image: x\n    resources: {limits: {amd.com/gpu: 1}}\n";
+    let (code, report, stderr) = json_pods(yaml, &["--mode", "partition", "--amdsmi", "none"]);
+    assert_eq!(code, 0, "node-sim failed:\n{stderr}");
+    let pod = pod_named(&report, "staged");
+    admitted(pod, &[1, 1]);
+    let [init, app] = [&containers(pod)[0], &containers(pod)[1]];
+    assert_eq!(init["init"], true, "{init}");
+    assert_eq!(app["kubelet_ids"], init["kubelet_ids"], "{pod}");
+    assert_eq!(report["overlaps"], serde_json::json!([]));
 }

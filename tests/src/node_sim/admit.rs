@@ -67,11 +67,14 @@ pub async fn admit(
         &format!("HAMi placed pod {} on {}", pod.name, devices.join(", ")),
     );
     let mut allocated = Vec::new();
+    let mut reusable = Vec::new();
     for (request, grants) in placement.requests.iter().zip(&placement.grants) {
         let mut container = ContainerReport::new(request, grants);
-        match allocate(node, grants).await {
+        match allocate(node, grants, &reusable).await {
             Ok((ids, followed, answer)) => {
                 container.record(&ids, followed, &answer);
+                let sidecar = request.init && is_sidecar(&pod.manifest, &request.container);
+                reuse(&mut reusable, &ids, request.init && !sidecar);
                 allocated.push(ids);
             }
             Err(err) => container.error = Some(err),
@@ -89,37 +92,23 @@ pub async fn admit(
     report
 }
 
-/// GetPreferredAllocation (until it names the GPUs HAMi chose, which it does
-/// once the plugin's watch has seen the pod), then Allocate.
+/// Kubelet's device manager for one container: devices an earlier init
+/// container of the pod left reusable first (`devicesToReuse`, without
+/// asking the plugin when they are enough), then GetPreferredAllocation for
+/// the rest (until it names the GPUs HAMi chose, which it does once the
+/// plugin's watch has seen the pod), then Allocate.
 async fn allocate(
     node: &mut SimNode,
     grants: &[Grant],
+    reusable: &[String],
 ) -> Result<(Vec<String>, bool, ContainerAllocateResponse), String> {
-    let available: Vec<String> = node
-        .kubelet
-        .devices()
-        .into_iter()
-        .filter(|d| d.health == "Healthy" && !node.used.contains(&d.id))
-        .map(|d| d.id)
-        .collect();
-    let size = i32::try_from(grants.len()).unwrap_or(i32::MAX);
-    let start = Instant::now();
-    let mut ids = None;
-    while start.elapsed() < HINT_TIMEOUT {
-        let answer = node
-            .kubelet
-            .preferred_allocation(available.clone(), Vec::new(), size)
-            .await;
-        if let Ok(answer) = answer
-            && follows(&answer, grants)
-        {
-            ids = Some(answer);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let followed = ids.is_some();
-    let ids = ids.unwrap_or_else(|| first_slots(&available, grants));
+    let reused: Vec<String> = reusable.iter().take(grants.len()).cloned().collect();
+    let (ids, followed) = if reused.len() == grants.len() {
+        let followed = follows(&reused, grants);
+        (reused, followed)
+    } else {
+        choose(node, grants, reused).await
+    };
     let answer = node
         .kubelet
         .allocate(ids.clone())
@@ -127,6 +116,61 @@ async fn allocate(
         .map_err(|status| format!("Allocate: {}", status.message()))?;
     node.used.extend(ids.iter().cloned());
     Ok((ids, followed, answer))
+}
+
+/// Kubelet's choice of ids beyond the `reused` ones (which it must
+/// include): the plugin's preference once it follows HAMi, else the first
+/// free slots of the granted GPUs; whether the preference was followed.
+async fn choose(node: &SimNode, grants: &[Grant], reused: Vec<String>) -> (Vec<String>, bool) {
+    let free: Vec<String> = node
+        .kubelet
+        .devices()
+        .into_iter()
+        .filter(|d| d.health == "Healthy" && !node.used.contains(&d.id))
+        .map(|d| d.id)
+        .collect();
+    let available: Vec<String> = reused.iter().cloned().chain(free.iter().cloned()).collect();
+    let size = i32::try_from(grants.len()).unwrap_or(i32::MAX);
+    let start = Instant::now();
+    while start.elapsed() < HINT_TIMEOUT {
+        let answer = node
+            .kubelet
+            .preferred_allocation(available.clone(), reused.clone(), size)
+            .await;
+        if let Ok(answer) = answer
+            && follows(&answer, grants)
+        {
+            return (answer, true);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let rest = first_slots(&free, &grants[reused.len()..]);
+    (reused.into_iter().chain(rest).collect(), false)
+}
+
+/// Kubelet's `devicesToReuse` after a container got `ids`: an init
+/// container's devices are added (the next containers of the pod take them
+/// first); a sidecar's or an app container's are no longer reusable.
+fn reuse(reusable: &mut Vec<String>, ids: &[String], init: bool) {
+    if init {
+        for id in ids {
+            if !reusable.contains(id) {
+                reusable.push(id.clone());
+            }
+        }
+    } else {
+        reusable.retain(|id| !ids.contains(id));
+    }
+}
+
+/// Whether init container `name` of `manifest` is a sidecar
+/// (`restartPolicy: Always`: it runs beside the app containers).
+pub fn is_sidecar(manifest: &Value, name: &str) -> bool {
+    manifest["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == name && c["restartPolicy"] == "Always")
 }
 
 /// Whether kubelet device ids `ids` are slots of the granted GPUs, in order.
@@ -327,5 +371,19 @@ mod tests {
         assert!(!follows(&ids, &[g("B"), g("A")]));
         let available: Vec<String> = ["A#0", "A#1", "B#0"].map(str::to_owned).into();
         assert_eq!(first_slots(&available, &[g("A"), g("A")]), ["A#0", "A#1"]);
+    }
+
+    #[test]
+    fn init_devices_are_reused_until_an_app_or_sidecar_takes_them() {
+        let ids = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let mut reusable = Vec::new();
+        reuse(&mut reusable, &ids(&["A#0"]), true);
+        reuse(&mut reusable, &ids(&["A#0", "B#0"]), true);
+        assert_eq!(reusable, ids(&["A#0", "B#0"]), "init containers add theirs");
+        reuse(&mut reusable, &ids(&["A#0"]), false);
+        assert_eq!(reusable, ids(&["B#0"]), "an app container takes its own");
+        let pod = json!({"spec": {"initContainers": [
+            {"name": "side", "restartPolicy": "Always"}, {"name": "once"}]}});
+        assert!(is_sidecar(&pod, "side") && !is_sidecar(&pod, "once"));
     }
 }
