@@ -14,6 +14,7 @@ pub mod admit;
 pub mod error;
 pub mod node;
 pub mod options;
+pub mod overlap;
 pub mod picture;
 pub mod pods;
 pub mod real;
@@ -260,11 +261,7 @@ pub(crate) fn finish_report(
     pods: Vec<PodReport>,
     progress: &Progress,
 ) -> Report {
-    let held: Vec<_> = pods.iter().flat_map(PodReport::holds).collect();
-    let overlaps = crate::grants::overlaps(&held)
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    let overlaps = overlap::of_pods(&pods);
     Report {
         bus_policy,
         gpu_policy: format!("{policy:?}").to_lowercase(),

@@ -7,7 +7,14 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{node::SimNode, options::Mode, picture::DeviceOccupancy, pods::ExamplePod};
+use super::{
+    admit::is_sidecar,
+    node::SimNode,
+    options::Mode,
+    overlap::{Span, Timed},
+    picture::DeviceOccupancy,
+    pods::ExamplePod,
+};
 use crate::{
     grants::{Held, parse_id_list},
     hami_emulator::{Grant, request::ContainerRequest},
@@ -78,6 +85,9 @@ pub struct PodReport {
     pub cu_allocated: Option<Value>,
     /// The AMD containers, init containers first.
     pub containers: Vec<ContainerReport>,
+    /// Its init containers that are sidecars (`restartPolicy: Always`).
+    #[serde(skip)]
+    pub sidecars: Vec<String>,
 }
 
 /// One device HAMi's Filter skipped.
@@ -115,6 +125,9 @@ pub struct ContainerReport {
     /// Why the container could not start after Allocate (PreStartContainer
     /// failed, or could not be called).
     pub start_error: Option<String>,
+    /// When it ran, as far as node-sim saw it (for the overlap check).
+    #[serde(skip)]
+    pub span: Span,
 }
 
 /// The container's limits as HAMi read them.
@@ -185,6 +198,7 @@ impl PodReport {
             devices_allocated: None,
             cu_allocated: None,
             containers: Vec::new(),
+            sidecars: sidecars(&pod.manifest),
         }
     }
 
@@ -201,6 +215,12 @@ impl PodReport {
     /// What each container of this admitted pod holds, per device (devices
     /// named `<node>/<id>`); nothing for a pod that was not admitted.
     pub fn holds(&self) -> Vec<Held> {
+        self.timed_holds().into_iter().map(|t| t.held).collect()
+    }
+
+    /// [`Self::holds`], each with when its container ran. A sidecar holds
+    /// as an app container: it runs beside them.
+    pub fn timed_holds(&self) -> Vec<Timed> {
         if !self.admitted() {
             return Vec::new();
         }
@@ -208,13 +228,17 @@ impl PodReport {
         let mut held = Vec::new();
         for c in &self.containers {
             for gpu in &c.gpus {
-                held.push(Held {
+                let held_here = Held {
                     pod: pod.clone(),
                     container: c.name.clone(),
-                    init: c.init,
+                    init: c.init && !self.sidecars.contains(&c.name),
                     device: format!("{}/{}", self.node, gpu.id),
                     // A mask the report cannot read counts as every CU.
                     cus: gpu.cu_ranges.as_deref().and_then(|l| parse_id_list(l).ok()),
+                };
+                held.push(Timed {
+                    held: held_here,
+                    span: c.span,
                 });
             }
         }
@@ -251,6 +275,7 @@ impl ContainerReport {
             pre_start: None,
             error: None,
             start_error: None,
+            span: Span::default(),
         }
     }
 
@@ -306,6 +331,19 @@ impl ContainerReport {
             .collect();
         self.cdi_devices = answer.cdi_devices.iter().map(|c| c.name.clone()).collect();
     }
+}
+
+/// The names of the sidecars (`restartPolicy: Always`) among the init
+/// containers of `manifest`.
+fn sidecars(manifest: &Value) -> Vec<String> {
+    manifest["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .filter(|name| is_sidecar(manifest, name))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `HSA_CU_MASK` (`i:a-b,c;j:…`) as GPU position → ID list.
@@ -369,6 +407,7 @@ mod tests {
             devices_allocated: None,
             cu_allocated: None,
             containers: vec![container],
+            sidecars: Vec::new(),
         }
     }
 
@@ -396,6 +435,41 @@ mod tests {
         failed.containers[0].error = None;
         failed.containers[0].start_error = Some("PreStartContainer failed".into());
         assert!(failed.admitted() && !failed.started());
+    }
+
+    /// `--cluster real` ran pod `a`'s init container to its end before
+    /// pod `b` was created on the same CUs: no overlap. A sidecar runs
+    /// beside its pod's app container: an overlap.
+    #[test]
+    fn only_containers_that_ran_together_overlap() {
+        let mut a = admitted("a", Some("0-15"));
+        a.containers[0].init = true;
+        a.containers[0].span = Span {
+            from: Some(10),
+            ended_by: Some(20),
+        };
+        let mut b = admitted("b", Some("0-15"));
+        b.containers[0].span.from = Some(30);
+        assert_eq!(
+            super::super::overlap::of_pods(&[a.clone(), b.clone()]),
+            Vec::<String>::new()
+        );
+        a.containers[0].span.ended_by = None;
+        assert_eq!(
+            super::super::overlap::of_pods(&[a.clone(), b]).len(),
+            1,
+            "still running"
+        );
+        a.sidecars = vec!["c".into()];
+        let mut app = a.containers[0].clone();
+        app.init = false;
+        app.name = "app".into();
+        a.containers.push(app);
+        assert_eq!(
+            super::super::overlap::of_pods(&[a]).len(),
+            1,
+            "a sidecar beside its app"
+        );
     }
 
     #[test]

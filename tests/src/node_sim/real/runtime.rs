@@ -22,7 +22,7 @@ use crate::{
     cluster::kubelet::container_env,
     hami_emulator::Placement,
     kubelet::ContainerAllocateResponse,
-    node_sim::{pods::ExamplePod, report::PodReport},
+    node_sim::{admit::is_sidecar, overlap::Span, pods::ExamplePod, report::PodReport},
 };
 
 /// What kubelet adds to every container itself (service links, its
@@ -51,13 +51,21 @@ pub async fn record(
             HashMap::new()
         }
     };
-    let created = node.kubelet.requests("CreateContainer");
-    for (i, container) in report.containers.iter_mut().enumerate() {
-        let request = created.iter().find(|r| {
+    let created: Vec<(u64, Value)> = node
+        .kubelet
+        .timed_requests("CreateContainer")
+        .into_iter()
+        .filter(|(_, r)| {
             r["sandboxConfig"]["metadata"]["name"] == pod.name.as_str()
                 && r["sandboxConfig"]["metadata"]["namespace"] == pod.namespace.as_str()
-                && r["config"]["metadata"]["name"] == container.name.as_str()
-        });
+        })
+        .collect();
+    for (i, container) in report.containers.iter_mut().enumerate() {
+        container.span = span(&created, &pod.manifest, &container.name);
+        let request = created
+            .iter()
+            .map(|(_, r)| r)
+            .find(|r| r["config"]["metadata"]["name"] == container.name.as_str());
         let kubelet_ids = ids.get(&container.name).cloned().unwrap_or_default();
         match (request, &outcome) {
             (Some(request), _) => {
@@ -74,6 +82,46 @@ pub async fn record(
                 container.start_error = Some("Running, but no CreateContainer recorded".into());
             }
         }
+    }
+}
+
+/// When container `name` of the pod `manifest` ran, from the runtime's
+/// CreateContainer requests `created` for the pod (Unix nanoseconds): from
+/// its first creation; an init container that is not a sidecar had ended
+/// by the time any container after it was created (kubelet runs them one
+/// after another, the app containers after the last).
+fn span(created: &[(u64, Value)], manifest: &Value, name: &str) -> Span {
+    let first = |names: &[&str]| {
+        created
+            .iter()
+            .filter(|(_, r)| {
+                r["config"]["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| names.contains(&n))
+            })
+            .map(|(at, _)| *at)
+            .min()
+    };
+    let names = |key: &str| -> Vec<&str> {
+        manifest["spec"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str())
+            .collect()
+    };
+    let (init, apps) = (names("initContainers"), names("containers"));
+    let ended_by = init
+        .iter()
+        .position(|n| *n == name)
+        .filter(|_| !is_sidecar(manifest, name))
+        .and_then(|at| {
+            let later: Vec<&str> = init[at + 1..].iter().chain(&apps).copied().collect();
+            first(&later)
+        });
+    Span {
+        from: first(&[name]),
+        ended_by,
     }
 }
 
@@ -184,6 +232,27 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_init_container_ended_when_the_next_was_created() {
+        let manifest = json!({"spec": {
+            "initContainers": [{"name": "prep"}, {"name": "side", "restartPolicy": "Always"}],
+            "containers": [{"name": "main"}]}});
+        let create = |at: u64, name: &str| (at, json!({"config": {"metadata": {"name": name}}}));
+        let created = [create(10, "prep"), create(20, "side"), create(30, "main")];
+        let prep = span(&created, &manifest, "prep");
+        assert_eq!((prep.from, prep.ended_by), (Some(10), Some(20)));
+        let side = span(&created, &manifest, "side");
+        assert_eq!(
+            (side.from, side.ended_by),
+            (Some(20), None),
+            "a sidecar runs on"
+        );
+        let main = span(&created, &manifest, "main");
+        assert_eq!((main.from, main.ended_by), (Some(30), None));
+        let running = span(&created[..1], &manifest, "prep");
+        assert_eq!(running.ended_by, None, "nothing after it yet");
+    }
 
     #[test]
     fn kubelets_own_additions_are_left_out() {
