@@ -270,8 +270,7 @@ struct KubeSide {
     vram: Arc<vram::VramCaps>,
     /// The loader check at PreStartContainer (`--loader-check`).
     loader: Option<Arc<loader::LoaderCheck>>,
-    /// Publishes the register annotation until the stop, then every device
-    /// unhealthy.
+    /// Publishes the register annotation until the stop.
     registrar: tokio::task::JoinHandle<()>,
 }
 

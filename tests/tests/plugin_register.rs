@@ -150,7 +150,10 @@ async fn scenario() {
     }));
     wait_register(&api, "8 devices again", |d| d.len() == 8).await;
 
-    // A graceful stop republishes every device unhealthy.
+    // A graceful stop (a rollout) keeps the published health: kubelet
+    // learns of the plugin's absence on its own, and HAMi keeps the node's
+    // GPUs for the length of the rollout (issue 36, point 6).
+    let before = register_value(&api).unwrap();
     let pid = plugin.0.id().to_string();
     assert!(
         std::process::Command::new("kill")
@@ -162,5 +165,13 @@ async fn scenario() {
     let status = plugin.wait_exit(Duration::from_secs(20)).unwrap();
     assert!(status.success(), "{status}");
     let devices = register_value(&api).unwrap();
-    assert!(devices.iter().all(|d| d["health"] != true), "{devices:?}");
+    assert_eq!(
+        devices, before,
+        "the stop left the register annotation as it was"
+    );
+    assert_eq!(
+        devices.iter().filter(|d| d["health"] == true).count(),
+        7,
+        "{devices:?}"
+    );
 }

@@ -19,9 +19,8 @@ const MIB: u64 = 1024 * 1024;
 /// entry in `hami.io/node-amd-gpus`.
 pub(crate) const GPU_BDF: &str = "gpuBDF";
 
-/// The DeviceInfo of one GPU. `healthy` false forces `health: false` (a
-/// graceful stop).
-pub(crate) fn device_info(gpu: &Device, split_count: u32, healthy: bool) -> DeviceInfo {
+/// The DeviceInfo of one GPU.
+pub(crate) fn device_info(gpu: &Device, split_count: u32) -> DeviceInfo {
     let count = slots_of(gpu, split_count);
     let mut info = DeviceInfo {
         id: gpu.id.clone(),
@@ -30,7 +29,7 @@ pub(crate) fn device_info(gpu: &Device, split_count: u32, healthy: bool) -> Devi
         devcore: i32::try_from(gpu.compute_units).unwrap_or(i32::MAX),
         device_type: DeviceInfo::product_type(&product_name(gpu)),
         numa: i64::from(gpu.numa_node),
-        health: healthy && gpu.health.is_healthy(),
+        health: gpu.health.is_healthy(),
         devicevendor: DEVICE_VENDOR.to_owned(),
         ..DeviceInfo::default()
     };
@@ -73,16 +72,12 @@ pub(crate) fn product_name(gpu: &Device) -> String {
 /// # Errors
 /// When a device would break HAMi's parser (the error names it), or the
 /// snapshot holds no GPU (HAMi ignores an empty list and keeps stale devices).
-pub(crate) fn annotation(
-    snapshot: &Snapshot,
-    split_count: u32,
-    healthy: bool,
-) -> Result<String, HamiError> {
+pub(crate) fn annotation(snapshot: &Snapshot, split_count: u32) -> Result<String, HamiError> {
     let devices: Vec<DeviceInfo> = snapshot
         .devices()
         .iter()
         .map(|gpu| {
-            let mut info = device_info(gpu, split_count, healthy);
+            let mut info = device_info(gpu, split_count);
             if gpu.is_partition() {
                 // A compute partition, allocated whole; never `mig`. Its
                 // GPU's address joins it to the GPU's facts.
@@ -180,7 +175,7 @@ mod tests {
             gpu("0000:15:00.0", "gfx1201", "Missing"),
         ];
         let snapshot = Snapshot::from_gpud(&gpus, BTreeMap::new(), DmemBackend::On);
-        let value = annotation(&snapshot, 0, true).unwrap();
+        let value = annotation(&snapshot, 0).unwrap();
         let parsed = parse_register(&value).unwrap();
         assert_eq!(parsed.len(), 2);
         assert_eq!(parsed[0].id, "GPU-8ecb9de71e8aa405");
@@ -195,10 +190,8 @@ mod tests {
         let mut nameless = gpu("0000:25:00.0", "gfx942", "Healthy");
         nameless.market_name.clear();
         let nameless = Device::whole(&nameless);
-        assert_eq!(device_info(&nameless, 0, true).device_type, "AMD gfx942");
+        assert_eq!(device_info(&nameless, 0).device_type, "AMD gfx942");
         assert_eq!(parsed[0].custominfo.pci_bdf, "0000:05:00.0");
-        let stopping = parse_register(&annotation(&snapshot, 4, false).unwrap()).unwrap();
-        assert!(stopping.iter().all(|d| !d.health && d.count == 4));
     }
 
     /// `index` is the card minor, as HAMi's Go AMD plugin publishes it;
@@ -221,7 +214,7 @@ mod tests {
             ),
         ]);
         let snapshot = Snapshot::from_gpud(&gpus, partitions, DmemBackend::default());
-        let value = annotation(&snapshot, 0, true).unwrap();
+        let value = annotation(&snapshot, 0).unwrap();
         let parsed = parse_register(&value).unwrap();
         assert_eq!((parsed[0].index, parsed[1].index), (3, 0));
         let shown = |i: usize| parsed[i].custominfo.extra["rocrVisibleDevice"].clone();
@@ -257,7 +250,7 @@ mod tests {
             crate::inventory::partition::OperatingMode::Partition,
         );
         let value: Vec<serde_json::Value> =
-            serde_json::from_str(&annotation(&snapshot, 0, true).unwrap()).unwrap();
+            serde_json::from_str(&annotation(&snapshot, 0).unwrap()).unwrap();
         assert_eq!(value.len(), 8);
         assert_eq!(
             value[2]["custominfo"],
@@ -265,7 +258,7 @@ mod tests {
                                "partitionProfile": "cpx_nps1", "rocrVisibleDevice": "index"})
         );
         // Whole GPUs are their own key: no gpuBDF.
-        let whole = annotation(&raw, 0, true).unwrap();
+        let whole = annotation(&raw, 0).unwrap();
         assert!(
             !whole.contains("gpuBDF") && !whole.contains("criu"),
             "{whole}"
@@ -274,7 +267,7 @@ mod tests {
 
     #[test]
     fn an_empty_inventory_is_not_published() {
-        assert!(annotation(&Snapshot::default(), 0, true).is_err());
+        assert!(annotation(&Snapshot::default(), 0).is_err());
     }
 
     #[test]

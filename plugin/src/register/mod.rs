@@ -4,8 +4,10 @@
 //! The wanted values are compared with what the watched node carries; the
 //! node is patched (one merge patch with both) only when one differs: after
 //! an inventory or health change, or when someone else changed an annotation
-//! (checked again on a slow interval). On shutdown every device is
-//! republished unhealthy.
+//! (checked again on a slow interval). A stop leaves the published health
+//! as it is: a rollout stops the plugin for seconds, and marking every GPU
+//! unhealthy made HAMi drop the node's GPUs for all of it; kubelet learns
+//! of a plugin that is gone on its own (its socket) and HAMi from kubelet.
 //!
 //! * [`entries`]: the register annotation's value, one HAMi DeviceInfo per
 //!   device (the codec is [`crate::hami::register`]);
@@ -41,7 +43,7 @@ pub(crate) struct RegisterConfig {
     pub(crate) recheck: Duration,
 }
 
-/// Runs until `shutdown`, then publishes every device unhealthy.
+/// Runs until `shutdown`; the published annotation stays as it is.
 pub(crate) async fn run_register(
     client: Client,
     caches: Caches,
@@ -59,11 +61,9 @@ pub(crate) async fn run_register(
             _ = tick.tick() => {}
         }
         let snapshot = snapshots.borrow_and_update().clone();
-        sync(&nodes, &caches, &snapshot, config.split_count, true).await;
+        sync(&nodes, &caches, &snapshot, config.split_count).await;
     }
-    let snapshot = snapshots.borrow().clone();
-    sync(&nodes, &caches, &snapshot, config.split_count, false).await;
-    info!("published every device as unhealthy for the stop");
+    info!("stopping; {REGISTER_KEY} stays as published");
 }
 
 /// The node from the API server (`None` on an error or timeout).
@@ -75,11 +75,11 @@ async fn read_node(nodes: &Api<Node>, name: &str) -> Option<std::sync::Arc<Node>
 }
 
 /// Patches the node when the wanted value differs from the cached node's.
-async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u32, healthy: bool) {
+async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u32) {
     if snapshot.devices().is_empty() {
         return;
     }
-    let wanted = match entries::annotation(snapshot, split, healthy) {
+    let wanted = match entries::annotation(snapshot, split) {
         Ok(value) => value,
         Err(err) => {
             warn!("not publishing {REGISTER_KEY}: {err}");
@@ -113,7 +113,7 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
     let call = nodes.patch(&caches.node_name, &params, &patch);
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(_)) => {
-            info!(node = %caches.node_name, devices = snapshot.devices().len(), healthy, "published {REGISTER_KEY}")
+            info!(node = %caches.node_name, devices = snapshot.devices().len(), "published {REGISTER_KEY}")
         }
         Ok(Err(err)) => warn!(node = %caches.node_name, "patching {REGISTER_KEY} failed: {err}"),
         Err(_) => {
