@@ -80,6 +80,7 @@ fn the_text_report_tells_the_same() {
         "━━ CU occupancy on mi300x-8-spx-cu (one cell = 8 CUs",
         "pods: A quarter-gpu, B two-gpus, C two-containers, D whole-gpu",
         "━━ CU occupancy on mi300x-8-cpx-partition (one cell = 1 CU,",
+        "/vram 4096 MiB",
     ] {
         assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
     }
@@ -145,6 +146,45 @@ fn a_failed_pre_start_is_reported_and_exits_2() {
         "{why}"
     );
     assert!(stderr.contains("did not start"), "progress: {stderr}");
+    let pod = pod_named(&report, "no-cgroup");
+    assert_eq!(
+        (&pod["pod_cgroup"], &pod["vram_cap"]),
+        (&Value::Null, &Value::Null)
+    );
+}
+
+/// The report shows the VRAM cap amd-gpud wrote at PreStartContainer: the
+/// pod cgroup's `dmem.max` on the fake host, for the one GPU of a slice.
+#[test]
+fn a_sliced_pods_report_shows_its_vram_cap() {
+    if !have_dbus() {
+        return;
+    }
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/01-quarter-gpu.yaml"
+    );
+    let args = [
+        "--json", "--mode", "cu", "--amdsmi", "none", "--pods", example,
+    ];
+    let (code, stdout, stderr) = node_sim(&args);
+    assert_eq!(code, 0, "node-sim failed:\n{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let pod = pod_named(&report, "quarter-gpu");
+    let cgroup = pod["pod_cgroup"].as_str().unwrap();
+    assert!(
+        cgroup.starts_with("kubepods.slice/")
+            && cgroup.contains(pod["uid"].as_str().unwrap().replace('-', "_").as_str()),
+        "{pod}"
+    );
+    let caps = pod["vram_cap"].as_object().unwrap();
+    assert_eq!(caps.len(), 1, "{pod}");
+    let (region, cap) = caps.iter().next().unwrap();
+    assert!(
+        region.starts_with("drm/0000:") && region.ends_with("/vram"),
+        "{region}"
+    );
+    assert_eq!(cap, 4096_u64 * 1024 * 1024, "{pod}");
 }
 
 #[test]

@@ -247,6 +247,8 @@ async fn start_containers(
         }
         container.pre_start = Some(outcome.unwrap_or_else(|why| why));
     }
+    let made = cgroup.ok().filter(|path| !path.as_os_str().is_empty());
+    super::vram::read(made.as_deref(), report);
 }
 
 /// Kubernetes' QoS class of a pod manifest (cpu and memory only).

@@ -20,6 +20,7 @@ pub mod pods;
 pub mod real;
 pub mod render;
 pub mod report;
+pub mod vram;
 
 use std::{
     path::{Path, PathBuf},

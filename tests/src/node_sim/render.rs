@@ -174,6 +174,9 @@ fn write_pod(
     if let Some(v) = &pod.cu_allocated {
         writeln!(out, "  hami.io/amd-cu-allocated     {v}")?;
     }
+    if !pod.containers.is_empty() {
+        writeln!(out, "  {}", super::vram::describe(pod))?;
+    }
     for c in &pod.containers {
         write_container(c, labels, out)?;
     }

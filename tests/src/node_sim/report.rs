@@ -85,6 +85,14 @@ pub struct PodReport {
     pub cu_allocated: Option<Value>,
     /// The AMD containers, init containers first.
     pub containers: Vec<ContainerReport>,
+    /// Its pod cgroup on the fake host, below the cgroup mount; `None`:
+    /// kubelet made none (not admitted, no PreStartContainer asked for, or
+    /// `node-sim/pod-cgroup: absent`).
+    pub pod_cgroup: Option<String>,
+    /// The pod cgroup's `dmem.max` as amd-gpud wrote it at
+    /// PreStartContainer: the VRAM cap in bytes per region
+    /// (`drm/<BDF>/vram`; `null`: `max`); `None`: nothing written.
+    pub vram_cap: Option<BTreeMap<String, Option<u64>>>,
     /// Its init containers that are sidecars (`restartPolicy: Always`).
     #[serde(skip)]
     pub sidecars: Vec<String>,
@@ -198,6 +206,8 @@ impl PodReport {
             devices_allocated: None,
             cu_allocated: None,
             containers: Vec::new(),
+            pod_cgroup: None,
+            vram_cap: None,
             sidecars: sidecars(&pod.manifest),
         }
     }
@@ -407,6 +417,8 @@ mod tests {
             devices_allocated: None,
             cu_allocated: None,
             containers: vec![container],
+            pod_cgroup: None,
+            vram_cap: None,
             sidecars: Vec::new(),
         }
     }

@@ -22,7 +22,7 @@ use crate::{
     cluster::kubelet::container_env,
     hami_emulator::Placement,
     kubelet::ContainerAllocateResponse,
-    node_sim::{admit::is_sidecar, overlap::Span, pods::ExamplePod, report::PodReport},
+    node_sim::{admit::is_sidecar, overlap::Span, pods::ExamplePod, report::PodReport, vram},
 };
 
 /// What kubelet adds to every container itself (service links, its
@@ -135,6 +135,7 @@ fn session_note(report: &mut PodReport, note: &str) {
 /// PreStartContainer's outcome, as the pod cgroup's `dmem.max` shows it:
 /// amd-gpud wrote the pod's VRAM caps there when kubelet called it.
 pub fn pre_start(cgroup: Option<&Path>, report: &mut PodReport) {
+    vram::read(cgroup, report);
     let Some(cgroup) = cgroup else {
         return;
     };
