@@ -89,11 +89,12 @@ fn command(
         Some(d) if !d.is_empty() => format!("/{d}"),
         _ => defaults.working_dir,
     };
-    Ok(Command {
+    let command = Command {
         argv0: config.argv().into_iter().next(),
         path: config.path().map_or(defaults.path, str::to_owned),
         working_dir,
-    })
+    };
+    Ok(command.bounded()?)
 }
 
 /// The merged file tree of `layers`, bottom first.
@@ -151,7 +152,8 @@ fn inspect(
     let (config, layers) = manifest(source, target, platform, limits)?;
     let command = command(source, &config, limits)?;
     let tree = merge(source, &layers, limits)?;
-    let (loader, evidence) = classify::classify(&tree, &command);
+    check_time(limits, "resolving the command")?;
+    let (loader, evidence) = classify::classify(&tree, &command, limits.deadline)?;
     Ok(Finding {
         digest: target.digest.clone(),
         loader,
@@ -185,7 +187,7 @@ pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, super::Loader), Inspe
         argv0: Some("sh".to_owned()),
         ..Command::default()
     };
-    let (loader, _) = classify::classify(&tree, &command);
+    let (loader, _) = classify::classify(&tree, &command, limits.deadline)?;
     Ok((tree.len(), loader))
 }
 

@@ -5,167 +5,81 @@
 //! `argv[0]` with a `/` is taken as a path (relative to the working
 //! directory), one without is looked up in `PATH`. Paths are resolved within
 //! the image only: a symlink's target, absolute or relative, is read as a
-//! path of the image, `..` stops at its root, and at most [`MAX_HOPS`]
+//! path of the image, `..` stops at its root, and at most [`resolve::MAX_HOPS`]
 //! links are followed (Linux's `MAXSYMLINKS`). A `#!` script is followed to
 //! its interpreter ([`MAX_SCRIPT_DEPTH`] levels, as `binfmt_script` allows
 //! few), an ELF file is judged by its `PT_INTERP`.
+//!
+//! The work is bounded whatever the image: the command's paths are held to
+//! [`command`]'s bounds before anything is walked, one walk takes at most
+//! [`resolve::MAX_WALK`] components, at most [`MAX_TRIPLETS`] multiarch
+//! directories are searched for `libc.so.6`, and every walk and scan of the
+//! tree stops at the inspection's deadline.
 
-use std::collections::BTreeSet;
+mod command;
+mod resolve;
+
+use std::{collections::BTreeSet, time::Instant};
 
 use super::Loader;
 use super::elf::{GlibcVersion, Interp};
-use super::layers::{FileKind, FileSummary, Node, Tree, basename, normalize};
+use super::inspection::InspectError;
+use super::layers::{FileKind, Node, Tree, basename};
 
-pub(crate) const MAX_HOPS: u32 = 40;
+pub(crate) use command::Command;
+#[cfg(test)]
+pub(crate) use command::{MAX_COMPONENTS, MAX_PATH_ENTRIES};
+#[cfg(test)]
+pub(crate) use resolve::MAX_WALK;
+use resolve::absolute;
+pub(crate) use resolve::{ResolveError, Walk};
+
 pub(crate) const MAX_SCRIPT_DEPTH: u32 = 4;
-/// `PATH` when the config sets none (what Docker and containerd use).
-pub(crate) const DEFAULT_PATH: &str =
-    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// What the container runs, from its image config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Command {
-    /// `argv[0]`: `None` when the config has neither `Entrypoint` nor `Cmd`.
-    pub(crate) argv0: Option<String>,
-    pub(crate) working_dir: String,
-    pub(crate) path: String,
-}
-
-impl Default for Command {
-    fn default() -> Self {
-        Self {
-            argv0: None,
-            working_dir: "/".to_owned(),
-            path: DEFAULT_PATH.to_owned(),
-        }
-    }
-}
-
-/// Why a path did not lead to a regular file.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum ResolveError {
-    #[error("{0} is not in the image")]
-    Missing(String),
-    #[error("{0}: more than {MAX_HOPS} symlinks (a loop?)")]
-    Loop(String),
-    #[error("{0} is not a regular file")]
-    NotFile(String),
-    #[error("{0}: a path component is not a directory")]
-    NotDir(String),
-}
-
-fn join(parts: &[String]) -> String {
-    format!("/{}", parts.join("/"))
-}
-
-/// Follows `start` (absolute) through the tree's symlinks and hard links:
-/// the final path and what is there (`None`: nothing).
-fn resolve<'t>(tree: &'t Tree, start: &str) -> Result<(String, Option<&'t Node>), ResolveError> {
-    let mut todo: Vec<String> = start.split('/').rev().map(str::to_owned).collect();
-    let mut done: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(c) = todo.pop() {
-        match c.as_str() {
-            "" | "." => continue,
-            ".." => {
-                done.pop();
-                continue;
-            }
-            _ => done.push(c),
-        }
-        let here = join(&done);
-        match tree.get(&here) {
-            Some(Node::Symlink(target)) => {
-                hops += 1;
-                if hops > MAX_HOPS {
-                    return Err(ResolveError::Loop(start.to_owned()));
-                }
-                done.pop();
-                if target.starts_with('/') {
-                    done.clear();
-                }
-                todo.extend(target.split('/').rev().map(str::to_owned));
-            }
-            None | Some(Node::Dir) => {}
-            Some(_) if todo.iter().any(|c| !c.is_empty() && c != ".") => {
-                return Err(ResolveError::NotDir(here));
-            }
-            Some(_) => {}
-        }
-    }
-    let mut path = join(&done);
-    let mut node = if done.is_empty() {
-        Some(&Node::Dir)
-    } else {
-        tree.get(&path)
-    };
-    while let Some(Node::Hardlink(to)) = node {
-        hops += 1;
-        if hops > MAX_HOPS {
-            return Err(ResolveError::Loop(start.to_owned()));
-        }
-        path.clone_from(to);
-        node = tree.get(&path);
-    }
-    Ok((path, node))
-}
-
-/// The regular file at `path`: its final path and summary.
-pub(crate) fn find_file<'t>(
-    tree: &'t Tree,
-    path: &str,
-) -> Result<(String, &'t FileSummary), ResolveError> {
-    match resolve(tree, path)? {
-        (real, Some(Node::File(f))) => Ok((real, f)),
-        (real, None) => Err(ResolveError::Missing(real)),
-        (real, Some(_)) => Err(ResolveError::NotFile(real)),
-    }
-}
-
-/// `rel` made absolute against the directory `dir`.
-fn absolute(dir: &str, rel: &str) -> String {
-    if rel.starts_with('/') {
-        return rel.to_owned();
-    }
-    normalize(&format!("{dir}/{rel}")).unwrap_or_else(|| "/".to_owned())
-}
-
-/// Where `argv0` is, as `execvp` finds it: the path looked up (before
-/// symlinks are followed).
-pub(crate) fn locate(tree: &Tree, cmd: &Command, argv0: &str) -> Result<String, ResolveError> {
-    if argv0.contains('/') {
-        return Ok(absolute(&cmd.working_dir, argv0));
-    }
-    for dir in cmd.path.split(':') {
-        let dir = if dir.is_empty() { "." } else { dir };
-        let candidate = absolute(&absolute(&cmd.working_dir, dir), argv0);
-        if find_file(tree, &candidate).is_ok() {
-            return Ok(candidate);
-        }
-    }
-    Err(ResolveError::Missing(format!(
-        "{argv0} (in PATH {})",
-        cmd.path
-    )))
-}
+/// Multiarch directories (`/usr/lib/<triplet>`) searched for `libc.so.6`:
+/// Debian's multiarch tuples number about 20
+/// (`wiki.debian.org/Multiarch/Tuples`) and an image holds one or two.
+pub(crate) const MAX_TRIPLETS: usize = 64;
+/// Tree entries scanned between two looks at the deadline.
+const SCAN_STRIDE: usize = 4096;
 
 fn unknown(why: String) -> (Loader, String) {
     (Loader::Unknown { why: why.clone() }, why)
 }
 
 /// The loader `cmd` runs under in `tree`, and how that was told.
-pub(crate) fn classify(tree: &Tree, cmd: &Command) -> (Loader, String) {
+///
+/// # Errors
+/// [`InspectError::OutOfTime`] when `deadline` passes before the answer:
+/// every path walked and every scan of the tree looks at it.
+pub(crate) fn classify(
+    tree: &Tree,
+    cmd: &Command,
+    deadline: Instant,
+) -> Result<(Loader, String), InspectError> {
+    let walk = Walk::new(tree, deadline);
+    let found = judge(&walk, cmd);
+    if walk.expired() {
+        return Err(InspectError::OutOfTime {
+            stage: "resolving the command",
+        });
+    }
+    Ok(found)
+}
+
+fn judge(walk: &Walk<'_>, cmd: &Command) -> (Loader, String) {
     let Some(argv0) = cmd.argv0.as_deref() else {
-        return by_loaders(tree, "no Entrypoint or Cmd".to_owned());
+        return by_loaders(walk, "no Entrypoint or Cmd".to_owned());
     };
-    let located = locate(tree, cmd, argv0).and_then(|path| match find_file(tree, &path) {
-        Err(ResolveError::Missing(_)) => Err(ResolveError::Missing(path)),
-        _ => Ok(path),
-    });
+    let located = walk
+        .locate(cmd, argv0)
+        .and_then(|path| match walk.find_file(&path) {
+            Err(ResolveError::Missing(_)) => Err(ResolveError::Missing(path)),
+            _ => Ok(path),
+        });
     match located {
-        Ok(path) => follow(tree, cmd, &path, 0, format!("entrypoint {path}")),
+        Ok(path) => follow(walk, cmd, &path, 0, format!("entrypoint {path}")),
         Err(ResolveError::Missing(what)) => {
-            by_loaders(tree, format!("entrypoint {what} not found"))
+            by_loaders(walk, format!("entrypoint {what} not found"))
         }
         Err(e) => unknown(format!("entrypoint {argv0}: {e}")),
     }
@@ -173,13 +87,13 @@ pub(crate) fn classify(tree: &Tree, cmd: &Command) -> (Loader, String) {
 
 /// Judges the file at `path`, reached as `evidence` says.
 fn follow(
-    tree: &Tree,
+    walk: &Walk<'_>,
     cmd: &Command,
     path: &str,
     depth: u32,
     evidence: String,
 ) -> (Loader, String) {
-    let (real, file) = match find_file(tree, path) {
+    let (real, file) = match walk.find_file(path) {
         Ok(found) => found,
         Err(e) => return unknown(format!("{evidence}: {e}")),
     };
@@ -196,7 +110,7 @@ fn follow(
                 Loader::Static,
                 format!("{evidence} is static (no PT_INTERP)"),
             ),
-            Interp::Path(interp) => by_interpreter(tree, interp, evidence),
+            Interp::Path(interp) => by_interpreter(walk, interp, evidence),
             Interp::BeyondPrefix => unknown(format!("{evidence}: PT_INTERP beyond the bytes read")),
         },
         FileKind::Script(s) if depth < MAX_SCRIPT_DEPTH => {
@@ -206,13 +120,13 @@ fn follow(
                 .as_deref()
                 .filter(|a| basename(&interp) == "env" && !a.starts_with('-'));
             match via_env {
-                Some(prog) => match locate(tree, cmd, prog) {
-                    Ok(p) => follow(tree, cmd, &p, depth + 1, format!("{evidence} -> env {p}")),
+                Some(prog) => match walk.locate(cmd, prog) {
+                    Ok(p) => follow(walk, cmd, &p, depth + 1, format!("{evidence} -> env {p}")),
                     Err(e) => unknown(format!("{evidence} -> env: {e}")),
                 },
                 None => {
                     let next = format!("{evidence} -> script interpreter {interp}");
-                    follow(tree, cmd, &interp, depth + 1, next)
+                    follow(walk, cmd, &interp, depth + 1, next)
                 }
             }
         }
@@ -232,13 +146,13 @@ pub(crate) fn is_glibc_loader(name: &str) -> bool {
     (name.starts_with("ld-linux") && name.contains(".so")) || name.starts_with("ld64.so")
 }
 
-fn by_interpreter(tree: &Tree, interp: &str, evidence: String) -> (Loader, String) {
+fn by_interpreter(walk: &Walk<'_>, interp: &str, evidence: String) -> (Loader, String) {
     let name = basename(interp);
     let evidence = format!("{evidence} -> interpreter {interp}");
     if is_musl_loader(name) {
         (Loader::Musl, evidence)
     } else if is_glibc_loader(name) {
-        glibc(tree, evidence)
+        glibc(walk, evidence)
     } else {
         unknown(format!("{evidence}: not a glibc or musl loader"))
     }
@@ -246,10 +160,13 @@ fn by_interpreter(tree: &Tree, interp: &str, evidence: String) -> (Loader, Strin
 
 /// Loader for an image whose command is not known: from the loaders the
 /// image holds.
-fn by_loaders(tree: &Tree, why: String) -> (Loader, String) {
+fn by_loaders(walk: &Walk<'_>, why: String) -> (Loader, String) {
     let mut glibc_at = None;
     let mut musl_at = None;
-    for (path, node) in tree.iter() {
+    for (i, (path, node)) in walk.tree.iter().enumerate() {
+        if i % SCAN_STRIDE == 0 && walk.on_time().is_err() {
+            break;
+        }
         if *node == Node::Dir {
             continue;
         }
@@ -266,15 +183,18 @@ fn by_loaders(tree: &Tree, why: String) -> (Loader, String) {
             Loader::Musl,
             format!("{why}; image has only musl's loader {m}"),
         ),
-        (Some(g), None) => glibc(tree, format!("{why}; image has only glibc's loader {g}")),
+        (Some(g), None) => glibc(walk, format!("{why}; image has only glibc's loader {g}")),
         (Some(g), Some(m)) => unknown(format!("{why}; image has both {g} and {m}")),
     }
 }
 
 /// The directories searched for `libc.so.6`: multiarch ones first.
-fn libc_dirs(tree: &Tree) -> Vec<String> {
+fn libc_dirs(walk: &Walk<'_>) -> Result<Vec<String>, String> {
     let mut triplets = BTreeSet::new();
-    for (path, node) in tree.iter() {
+    for (i, (path, node)) in walk.tree.iter().enumerate() {
+        if i % SCAN_STRIDE == 0 && walk.on_time().is_err() {
+            break;
+        }
         let Some(rest) = path
             .strip_prefix("/usr/lib/")
             .or_else(|| path.strip_prefix("/lib/"))
@@ -283,6 +203,11 @@ fn libc_dirs(tree: &Tree) -> Vec<String> {
         };
         if !rest.contains('/') && rest.contains("-linux-") && *node != Node::Other {
             triplets.insert(rest.to_owned());
+            if triplets.len() > MAX_TRIPLETS {
+                return Err(format!(
+                    "more than {MAX_TRIPLETS} multiarch directories in /lib and /usr/lib (MAX_TRIPLETS)"
+                ));
+            }
         }
     }
     let mut dirs = Vec::new();
@@ -291,16 +216,16 @@ fn libc_dirs(tree: &Tree) -> Vec<String> {
         dirs.push(format!("/usr/lib/{t}"));
     }
     dirs.extend(["/lib64", "/usr/lib64", "/lib", "/usr/lib"].map(str::to_owned));
-    dirs
+    Ok(dirs)
 }
 
 /// The copies of `libc.so.6` in the image: (path looked up, versions).
-fn libc_copies(tree: &Tree) -> Result<Vec<(String, GlibcVersion)>, String> {
+fn libc_copies(walk: &Walk<'_>) -> Result<Vec<(String, GlibcVersion)>, String> {
     let mut seen = BTreeSet::new();
     let mut copies = Vec::new();
-    for dir in libc_dirs(tree) {
+    for dir in libc_dirs(walk)? {
         let candidate = format!("{dir}/libc.so.6");
-        let Ok((real, file)) = find_file(tree, &candidate) else {
+        let Ok((real, file)) = walk.find_file(&candidate) else {
             continue;
         };
         if !seen.insert(real.clone()) {
@@ -322,8 +247,8 @@ fn libc_copies(tree: &Tree) -> Result<Vec<(String, GlibcVersion)>, String> {
 
 /// glibc with the version its `libc.so.6` defines: the lowest newest
 /// version when copies disagree.
-fn glibc(tree: &Tree, evidence: String) -> (Loader, String) {
-    let copies = match libc_copies(tree) {
+fn glibc(walk: &Walk<'_>, evidence: String) -> (Loader, String) {
+    let copies = match libc_copies(walk) {
         Ok(c) => c,
         Err(why) => return unknown(format!("{evidence}; {why}")),
     };

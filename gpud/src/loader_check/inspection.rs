@@ -79,6 +79,22 @@ impl fmt::Display for Platform {
     }
 }
 
+/// A path of the image's command beyond a bound of the loader check
+/// (`classify::command`): the image is refused before any path is walked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the image config's {field} has {found} {unit}, above the loader check's bound of {limit} ({bound})"
+)]
+pub struct CommandBound {
+    /// `argv[0]`, `WorkingDir`, `PATH` or `PATH entry`.
+    pub field: &'static str,
+    pub unit: &'static str,
+    pub found: usize,
+    /// The name of the bound's constant.
+    pub bound: &'static str,
+    pub limit: usize,
+}
+
 /// Why an image could not be inspected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InspectError {
@@ -100,6 +116,8 @@ pub enum InspectError {
     Limit { limit: &'static str, value: u64 },
     #[error("the loader check ran out of time {stage}")]
     OutOfTime { stage: &'static str },
+    #[error(transparent)]
+    Command(#[from] CommandBound),
     #[error("layer {digest} could not be read (at uncompressed byte {offset:?}): {why}")]
     Layer {
         digest: String,
@@ -124,6 +142,7 @@ impl InspectError {
             Self::TooDeep { .. } => "nested_too_deep",
             Self::Limit { .. } => "limit",
             Self::OutOfTime { .. } => "out_of_time",
+            Self::Command(_) => "command_bound",
             Self::Layer { .. } => "layer_read",
         }
     }

@@ -25,7 +25,7 @@ pub(crate) const PREFIX_LEN: usize = 64 * 1024;
 const PREFIX: u64 = PREFIX_LEN as u64;
 const WHITEOUT: &str = ".wh.";
 /// Paths and link targets longer than Linux's `PATH_MAX` are not kept.
-const MAX_PATH: usize = 4096;
+pub(crate) const MAX_PATH: usize = 4096;
 const OPAQUE: &str = ".wh..wh..opq";
 
 /// What one path of the merged tree is.

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use serde_json::json;
 
 use super::*;
@@ -435,4 +437,56 @@ fn untyped_documents_are_told_by_their_fields() {
             minor: 36
         }
     );
+}
+
+/// Runs `f` on a thread, failing the test if it has not finished within a
+/// generous `limit` (an inspection that never ends fails instead of hanging).
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (send, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = send.send(f());
+    });
+    answer
+        .recv_timeout(limit)
+        .unwrap_or_else(|e| panic!("no answer within {limit:?}: {e}"))
+}
+
+/// Issue 38, F1: an entrypoint 20,000 components deep (which took 28 s of
+/// CPU to resolve, each PATH entry again) and PATHs of thousands of
+/// entries are refused before any walk, naming the bound.
+#[test]
+fn deep_entrypoints_and_long_paths_are_refused_naming_the_bound() {
+    let deep = format!("/{}true", "a/".repeat(20_000));
+    let many = vec!["/a/b/c"; 10_000].join(":");
+    let cases = [
+        (
+            json!({"Entrypoint": [deep], "Env": [format!("PATH={many}")]}),
+            ("argv[0]", "MAX_PATH_BYTES", 40_005),
+        ),
+        (
+            json!({"Cmd": ["true"], "Env": [format!("PATH={many}")]}),
+            ("PATH", "MAX_PATH_VAR_BYTES", many.len()),
+        ),
+        (
+            json!({"Cmd": ["true"], "Env": [format!("PATH={}", vec!["/b"; 1000].join(":"))]}),
+            ("PATH", "MAX_PATH_ENTRIES", 1000),
+        ),
+        (
+            json!({"Cmd": ["../true"], "WorkingDir": "x/".repeat(1000)}),
+            ("WorkingDir", "MAX_COMPONENTS", 1000),
+        ),
+    ];
+    for (config, (field, bound, found)) in cases {
+        let err = within(Duration::from_secs(300), move || {
+            let mut s = MemSource::default();
+            let target = debian(&mut s, &config);
+            inspect(&mut s, &target).unwrap_err()
+        });
+        let InspectError::Command(b) = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!((b.field, b.bound, b.found), (field, bound, found), "{err}");
+        assert_eq!(err.reason(), "command_bound");
+        assert!(err.to_string().contains(bound), "{err}");
+    }
 }

@@ -1,5 +1,14 @@
+use std::time::Duration;
+
 use super::*;
 use crate::loader_check::elf::{ElfClass, ElfSummary, Shebang};
+use crate::loader_check::layers::FileSummary;
+
+/// The classification with time to spare.
+fn classify(t: &Tree, cmd: &Command) -> (Loader, String) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    super::classify(t, cmd, deadline).expect("within the deadline")
+}
 
 const GLIBC_LD: &str = "/lib64/ld-linux-x86-64.so.2";
 const MUSL_LD: &str = "/lib/ld-musl-x86_64.so.1";
@@ -263,4 +272,75 @@ fn odd_files_are_unknown() {
             "{argv0}"
         );
     }
+}
+
+/// Links that each walk 201 components (`a/` 100 times, back up, on to
+/// the next link): 40 of them stay within `MAX_HOPS` but not `MAX_WALK`.
+#[test]
+fn a_chain_of_long_links_stops_at_the_walk_bound() {
+    let mut t = Tree::default();
+    let detour = format!("{}{}", "a/".repeat(100), "../".repeat(100));
+    for i in 0..39 {
+        t.insert(&format!("/l{i}"), link(&format!("{detour}l{}", i + 1)));
+    }
+    t.insert("/l39", elf(None));
+    let (loader, evidence) = run(&t, "/l0");
+    assert!(
+        matches!(&loader, Loader::Unknown { why } if why.contains("MAX_WALK")),
+        "{loader:?}"
+    );
+    assert!(evidence.contains(&MAX_WALK.to_string()), "{evidence}");
+    // The same chain, 20 links long, is followed to its end.
+    t.insert("/l20", elf(None));
+    assert_eq!(run(&t, "/l0").0, Loader::Static);
+}
+
+#[test]
+fn classification_stops_at_the_deadline() {
+    let cmd = Command {
+        argv0: Some("true".to_owned()),
+        ..Command::default()
+    };
+    let err = super::classify(&debian(36), &cmd, Instant::now()).unwrap_err();
+    assert_eq!(
+        err,
+        InspectError::OutOfTime {
+            stage: "resolving the command"
+        }
+    );
+}
+
+#[test]
+fn command_paths_are_bounded_before_any_walk() {
+    let deep = format!("/{}", "a/".repeat(MAX_COMPONENTS + 1));
+    let cmd = Command {
+        argv0: Some(deep),
+        ..Command::default()
+    };
+    let err = cmd.bounded().unwrap_err();
+    assert_eq!(
+        (err.field, err.bound, err.found),
+        ("argv[0]", "MAX_COMPONENTS", MAX_COMPONENTS + 1)
+    );
+    assert_eq!(err.limit, MAX_COMPONENTS);
+    let cmd = Command {
+        working_dir: format!("/{}", "w".repeat(5000)),
+        ..Command::default()
+    };
+    let err = cmd.bounded().unwrap_err();
+    assert_eq!((err.field, err.bound), ("WorkingDir", "MAX_PATH_BYTES"));
+    let cmd = Command {
+        argv0: Some("x".to_owned()),
+        path: vec!["/b"; MAX_PATH_ENTRIES + 1].join(":"),
+        ..Command::default()
+    };
+    let err = cmd.bounded().unwrap_err();
+    assert_eq!((err.field, err.bound), ("PATH", "MAX_PATH_ENTRIES"));
+    assert!(err.to_string().contains("65 entries"), "{err}");
+    let fine = Command {
+        argv0: Some("/usr/bin/true".to_owned()),
+        path: vec!["/b"; MAX_PATH_ENTRIES].join(":"),
+        ..Command::default()
+    };
+    assert_eq!(fine.clone().bounded(), Ok(fine));
 }
