@@ -9,6 +9,10 @@ use serde::Serialize;
 
 use crate::{hostpaths::HostPaths, pci::PciAddress};
 
+/// The compute partition modes, in menu order (the names the driver's
+/// `available_compute_partition` and `supported_xcp_configs` use).
+pub const MODES: [&str; 5] = ["SPX", "DPX", "TPX", "QPX", "CPX"];
+
 /// Files of the GPU's PCI device directory (`<sys>/bus/pci/devices/<bdf>`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct PciDeviceInfo {
@@ -77,7 +81,7 @@ pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceIn
             .map(|v| split_modes(&v))
             .unwrap_or_default()
             .into_iter()
-            .filter(|m| crate::partition::MODES.contains(&m.as_str()))
+            .filter(|m| MODES.contains(&m.as_str()))
             .collect(),
         memory_partition: text("current_memory_partition").map(|v| v.to_ascii_uppercase()),
         available_memory_partitions: text("available_memory_partition")

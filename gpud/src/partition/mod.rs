@@ -28,8 +28,7 @@ use crate::{
     inventory::Gpu,
 };
 
-/// The compute partition modes, in menu order.
-pub const MODES: [&str; 5] = ["SPX", "DPX", "TPX", "QPX", "CPX"];
+pub use crate::drm::MODES;
 
 /// Why a switch was refused or failed.
 #[derive(Debug, thiserror::Error)]
