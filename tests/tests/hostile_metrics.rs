@@ -11,6 +11,8 @@
 mod common;
 #[path = "common/memcg.rs"]
 mod memcg;
+#[path = "hostile_metrics/probes.rs"]
+mod probes;
 
 use std::{
     io::{ErrorKind, Write},

@@ -7,12 +7,6 @@
 //! port past its 5 s header timeout, every probe there answers within
 //! kubelet's 3 s (the chart's `timeoutSeconds`). Needs root (private bus).
 
-// An integration-test file is itself the test module, and a failed unwrap is a
-// failed test here.
-#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
-
-mod common;
-
 use std::{
     net::SocketAddr,
     sync::{
@@ -22,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::world::world;
+use super::common::{self, world::world};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Idle peers on the metrics port: twice its 32 slots.
