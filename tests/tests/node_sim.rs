@@ -273,3 +273,63 @@ fn an_app_container_reuses_its_init_containers_partition() {
     assert_eq!(app["kubelet_ids"], init["kubelet_ids"], "{pod}");
     assert_eq!(report["overlaps"], serde_json::json!([]));
 }
+
+/// `--all-at-once`: HAMi binds every pod of a node before kubelet admits
+/// any (one pod holding the node lock at a time, as HAMi's Bind does);
+/// the examples end as they do one at a time.
+#[test]
+fn all_at_once_binds_every_example_before_admitting_any() {
+    if !have_dbus() {
+        return;
+    }
+    let (code, stdout, stderr) = node_sim(&["--json", "--all-at-once"]);
+    assert_eq!(code, 0, "node-sim failed:\n{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let names: Vec<&str> = report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    let all = [
+        "quarter-gpu",
+        "two-gpus",
+        "two-containers",
+        "whole-gpu",
+        "too-big",
+        "partition",
+    ];
+    assert_eq!(names, all);
+    default_examples(&report);
+    assert!(
+        stderr
+            .contains("HAMi's Bind of pod two-gpus waits: default/quarter-gpu holds the node lock"),
+        "{stderr}"
+    );
+}
+
+/// Issue 35, point 1, replayed with `--all-at-once`: a pod whose AMD
+/// request is in an init container only is bound without the node lock
+/// and admitted while the lock names an app pod not yet bound; both pods
+/// are admitted, on CUs of their own.
+#[test]
+fn all_at_once_replays_an_init_only_pod_beside_the_lock() {
+    if !have_dbus() {
+        return;
+    }
+    let res = "resources: {limits: {amd.com/gpu: 1, amd.com/gpucores: 25, amd.com/gpumem: 1024}}";
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: r-init}}\nspec:\n  initContainers:\n  \
+         - name: prep\n    image: x\n    {res}\n  containers:\n  - name: main\n    image: x\n\
+         ---\napiVersion: v1\nkind: Pod\nmetadata: {{name: r-app}}\nspec:\n  containers:\n  \
+         - name: main\n    image: x\n    {res}\n"
+    );
+    let (code, report, stderr) = rdna_pods(&yaml, &["--all-at-once", "--amdsmi", "none"]);
+    assert_eq!(code, 0, "node-sim failed:\n{stderr}");
+    for name in ["r-init", "r-app"] {
+        let pod = pod_named(&report, name);
+        assert_eq!(pod["bind_phase"], "success", "{pod}");
+        assert_eq!(containers(pod)[0]["error"], Value::Null, "{pod}");
+    }
+    assert_eq!(report["overlaps"], serde_json::json!([]));
+}

@@ -21,7 +21,7 @@ use crate::{
     apiserver::Kind,
     fixture::cgroup::{CgroupDriver, QosClass, add_pod},
     hami_emulator::{
-        Grant,
+        Grant, Placement,
         filter::{FilterError, NodeDevice},
         request::GpuPolicy,
     },
@@ -38,9 +38,41 @@ pub async fn admit(
     pod: &ExamplePod,
     policy: GpuPolicy,
 ) -> PodReport {
+    match schedule(session, node, pod, policy, true) {
+        Ok(bound) => kubelet_admits(session, node, pod, bound).await,
+        Err(report) => *report,
+    }
+}
+
+/// A pod HAMi bound to a node, not yet admitted by its kubelet.
+pub struct Bound {
+    pub report: PodReport,
+    pub placement: Placement,
+}
+
+/// HAMi's Filter and Bind of `pod` on `node`: the pod bound (or, unless
+/// `binding`, stopped short of the Binding, holding the node lock when it
+/// takes one), or the report of a pod HAMi cannot place (left Pending,
+/// with its Event).
+///
+/// # Errors
+/// The finished report when HAMi cannot place the pod.
+pub fn schedule(
+    session: &Session,
+    node: &SimNode,
+    pod: &ExamplePod,
+    policy: GpuPolicy,
+    binding: bool,
+) -> Result<Bound, Box<PodReport>> {
     let mut report = PodReport::new(pod, node);
-    let now = unix_now();
-    let placement = match node.hami.schedule(&session.api, &pod.manifest, now, policy) {
+    let (api, now) = (&session.api, unix_now());
+    let placed = if binding {
+        node.hami.schedule(api, &pod.manifest, now, policy)
+    } else {
+        node.hami
+            .schedule_before_binding(api, &pod.manifest, now, policy)
+    };
+    let placement = match placed {
         Ok(placement) => placement,
         Err(err) => {
             unschedulable(session, pod, &err);
@@ -51,7 +83,7 @@ pub async fn admit(
             report.reason = Some(err.to_string());
             report.summary = Some(err.summary());
             report.rejections = rejections(&err);
-            return report;
+            return Err(Box::new(report));
         }
     };
     report.scheduled = true;
@@ -66,6 +98,21 @@ pub async fn admit(
         &node.name,
         &format!("HAMi placed pod {} on {}", pod.name, devices.join(", ")),
     );
+    Ok(Bound { report, placement })
+}
+
+/// What kubelet does with a pod bound to it: Allocate per AMD container
+/// (init containers first), then the pod cgroup and PreStartContainer.
+pub async fn kubelet_admits(
+    session: &Session,
+    node: &mut SimNode,
+    pod: &ExamplePod,
+    bound: Bound,
+) -> PodReport {
+    let Bound {
+        mut report,
+        placement,
+    } = bound;
     let mut allocated = Vec::new();
     let mut reusable = Vec::new();
     for (request, grants) in placement.requests.iter().zip(&placement.grants) {

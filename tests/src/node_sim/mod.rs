@@ -11,6 +11,7 @@
 //! Everything started stops when the [`Simulation`] is dropped.
 
 pub mod admit;
+pub mod all_at_once;
 pub mod error;
 pub mod node;
 pub mod options;
@@ -222,8 +223,13 @@ pub async fn run(options: &Options, exe: PathBuf) -> Result<Simulation, SimError
     for (mode, group) in by_mode(&pods, options.mode) {
         let name = options.node.as_deref().unwrap_or(mode.default_node());
         let mut node = SimNode::start(&session, name, mode, &options.amdsmi).await?;
-        for pod in group {
-            reports.push(admit::admit(&session, &mut node, pod, policy).await);
+        if options.all_at_once {
+            let admitted = all_at_once::admit_all(&session, &mut node, &group, policy).await;
+            reports.extend(admitted);
+        } else {
+            for pod in group {
+                reports.push(admit::admit(&session, &mut node, pod, policy).await);
+            }
         }
         nodes.push(node);
     }

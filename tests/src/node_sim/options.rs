@@ -57,6 +57,12 @@ pub struct Options {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Create (schedule) every pod before waiting for any admission: HAMi
+    /// binds all of a node's pods (one holding the node lock at a time, as
+    /// HAMi's Bind does) before kubelet admits them, so that races between
+    /// binds and admissions can be replayed.
+    #[arg(long, env = "NODE_SIM_ALL_AT_ONCE")]
+    pub all_at_once: bool,
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
@@ -139,7 +145,7 @@ mod tests {
         assert_eq!(o.mode, ModeArg::Auto);
         assert_eq!(o.cluster, ClusterArg::Fake);
         assert_eq!(o.pods, [PathBuf::from(EXAMPLES)]);
-        assert!(!o.json && !o.keep_running);
+        assert!(!o.json && !o.keep_running && !o.all_at_once);
         let o = Options::parse_from(["node-sim", "--pods", "a.yaml", "b", "--mode", "partition"]);
         assert_eq!(o.pods.len(), 2);
         assert_eq!(o.mode, ModeArg::Partition);
