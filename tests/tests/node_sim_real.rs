@@ -92,6 +92,11 @@ fn every_example_goes_through_the_real_kubelet() {
     assert_eq!(real["overlaps"], Value::Array(Vec::new()));
     let fake = node_sim_json(&["--cluster", "fake"]);
     same_as_the_fake(&real, &fake);
+    for node in real["nodes"].as_array().unwrap() {
+        // Lifted as the node lifecycle controller would: a real scheduler
+        // places nothing on a node with the not-ready taint.
+        assert_eq!(node["taints"], Value::Array(Vec::new()), "{node}");
+    }
 }
 
 /// With `--cdi` the plugin names CDI devices instead of device nodes, and

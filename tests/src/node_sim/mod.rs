@@ -38,7 +38,7 @@ use self::{
     report::{NodeReport, PodReport, Report},
 };
 use crate::{
-    apiserver::FakeApiServer,
+    apiserver::{FakeApiServer, Kind},
     bus::{self, Policy},
     hami_emulator::request::GpuPolicy,
 };
@@ -308,6 +308,14 @@ fn node_report(session: &Session, node: &SimNode, pods: &[PodReport]) -> NodeRep
     }
 }
 
+        taints: session
+            .api
+            .get(Kind::Node, "", &node.name)
+            .and_then(|n| n["spec"]["taints"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
 /// A scratch directory on tmpfs when there is one (fake CPX roots are
 /// thousands of files).
 fn scratch() -> std::io::Result<TempDir> {

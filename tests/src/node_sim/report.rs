@@ -49,6 +49,9 @@ pub struct NodeReport {
     pub amdsmi: Option<String>,
     /// Devices the plugin offers kubelet.
     pub kubelet_devices: usize,
+    /// The Node's taints as kubectl shows them (`key=value:Effect`): none
+    /// once it is Ready, as a real scheduler needs.
+    pub taints: Vec<String>,
     /// `hami.io/node-amd-register`, parsed.
     pub register: Value,
     /// Per registered device: who holds what.

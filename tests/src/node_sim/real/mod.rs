@@ -163,3 +163,4 @@ async fn node_report(session: &RealSession, node: &RealNode, pods: &[PodReport])
         register,
     }
 }
+        taints: node.taints(session).await,

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{
     Api,
     api::{Patch, PatchParams},
@@ -76,6 +76,8 @@ impl RealNode {
         let nodes: Api<Node> = Api::all(session.client.clone());
         let log = kubelet.log_path();
         wait(&log, "the Node Ready", || setup::node_ready(&nodes, &name)).await?;
+        lift_not_ready(&nodes, &name).await?;
+        say("Node Ready; its not-ready taint lifted, as the node lifecycle controller would");
         label(&nodes, &name, &host.fixture, mode).await?;
         let places = PluginPlaces {
             kubelet_dir: kubelet.device_plugin_dir(),
@@ -122,6 +124,14 @@ impl RealNode {
         serde_json::from_str(&text).ok()
     }
 
+    /// The Node's taints as kubectl shows them (`key=value:Effect`).
+    pub async fn taints(&self, session: &RealSession) -> Vec<String> {
+        let nodes: Api<Node> = Api::all(session.client.clone());
+        let node = nodes.get(&self.name).await.ok();
+        let taints = node.and_then(|n| n.spec?.taints).unwrap_or_default();
+        taints.iter().map(shown).collect()
+    }
+
     /// The plugin's, amd-gpud's and kubelet's log files.
     pub fn logs(&self) -> [PathBuf; 3] {
         let [plugin, gpud] = self.host.logs();
@@ -162,6 +172,65 @@ async fn published(nodes: &Api<Node>, name: &str) -> Option<String> {
     (count != "0").then_some(count)
 }
 
+/// The taints of the Ready condition, which the node lifecycle controller
+/// lifts from a Ready node (kubernetes/kubernetes:
+/// `pkg/controller/nodelifecycle`, its NoSchedule and NoExecute passes).
+const CONDITION_TAINTS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// What the node lifecycle controller (kube-controller-manager, which does
+/// not run here) does once the Node is Ready: it lifts the
+/// `node.kubernetes.io/not-ready:NoSchedule` taint the API server's
+/// NodeTaint admission put on the Node when kubelet created it, without
+/// which no real scheduler places a pod here. It stays lifted: kubelet
+/// sets taints only when it creates the Node, and nothing else here adds
+/// one. Guarded by the Node's resourceVersion, retried on a conflict.
+async fn lift_not_ready(nodes: &Api<Node>, name: &str) -> Result<(), SimError> {
+    let failed = |what: String| {
+        SimError::start(format!("lifting the not-ready taint of Node {name}"))(
+            std::io::Error::other(what),
+        )
+    };
+    for _ in 0..10 {
+        let node = nodes.get(name).await.map_err(|e| failed(e.to_string()))?;
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        let kept = lifted(&taints);
+        if kept.len() == taints.len() {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version},
+                           "spec": {"taints": kept}});
+        match nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.is_conflict() => {}
+            Err(e) => return Err(failed(e.to_string())),
+        }
+    }
+    Err(failed("10 conflicts in a row".to_owned()))
+}
+
+/// `taints` without those of the Ready condition.
+fn lifted(taints: &[Taint]) -> Vec<Taint> {
+    taints
+        .iter()
+        .filter(|t| !CONDITION_TAINTS.contains(&t.key.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// A taint as kubectl shows it.
+fn shown(taint: &Taint) -> String {
+    match taint.value.as_deref() {
+        Some(value) if !value.is_empty() => format!("{}={value}:{}", taint.key, taint.effect),
+        _ => format!("{}:{}", taint.key, taint.effect),
+    }
+}
+
 /// The labels the fake cluster's nodes carry (kubelet cannot be told them
 /// here without restarting it).
 async fn label(nodes: &Api<Node>, name: &str, fixture: &str, mode: Mode) -> Result<(), SimError> {
@@ -193,4 +262,25 @@ fn plugin_kubeconfig(
         .cluster
         .kubeconfig_in(dir, "plugin", &token)
         .map_err(SimError::start(what))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ready_node_loses_only_its_condition_taints() {
+        let taint = |key: &str, effect: &str| Taint {
+            key: key.into(),
+            effect: effect.into(),
+            ..Taint::default()
+        };
+        let taints = [
+            taint("node.kubernetes.io/not-ready", "NoSchedule"),
+            taint("node.kubernetes.io/not-ready", "NoExecute"),
+            taint("gpu", "NoSchedule"),
+        ];
+        let kept: Vec<String> = lifted(&taints).iter().map(shown).collect();
+        assert_eq!(kept, ["gpu:NoSchedule"]);
+    }
 }
