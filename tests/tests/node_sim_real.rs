@@ -120,3 +120,49 @@ fn cdi_device_names_reach_the_runtime() {
     let fake = node_sim_json(&["--cluster", "fake", "--cdi", "--pods", pods]);
     same_as_the_fake(&real, &fake);
 }
+
+/// Issue 35: an init container that ran to its end (`recording-cri` ends
+/// it at once: `RECORDING_CRI_EXIT_ON` names a path that exists) gives its
+/// CUs back; HAMi places a later pod on them, and the report does not
+/// count the two as overlapping (they never ran at the same time).
+#[test]
+fn a_finished_init_container_overlaps_no_later_pod() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let share =
+        "resources: {limits: {amd.com/gpu: 1, amd.com/gpucores: 100, amd.com/gpumem: 1024}}";
+    let pod = |name: &str, spec: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  annotations: \
+             {{hami.io/gpu-scheduler-policy: binpack}}\nspec:\n{spec}"
+        )
+    };
+    let first = pod(
+        "init-first",
+        &format!(
+            "  initContainers:\n  - name: prep\n    image: x\n    env: [{{name: \
+             RECORDING_CRI_EXIT_ON, value: /}}]\n    {share}\n  containers:\n  - name: main\n    \
+             image: x\n"
+        ),
+    );
+    let later = pod(
+        "later",
+        &format!("  containers:\n  - name: main\n    image: x\n    {share}\n"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pods.yaml");
+    std::fs::write(&file, format!("{first}---\n{later}")).unwrap();
+    let path = file.to_str().unwrap();
+    let real = node_sim_json(&["--cluster", "real", "--mode", "cu", "--pods", path]);
+    let gpu = |name: &str| {
+        let c = &containers(pod_named(&real, name))[0];
+        c["gpus"][0]["id"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(
+        gpu("init-first"),
+        gpu("later"),
+        "HAMi reuses the GPU: {real}"
+    );
+    assert_eq!(real["overlaps"], Value::Array(Vec::new()));
+}
