@@ -303,11 +303,6 @@ fn node_report(session: &Session, node: &SimNode, pods: &[PodReport]) -> NodeRep
         mode: node.mode,
         amdsmi: node.amdsmi.clone(),
         kubelet_devices: node.kubelet.devices().len(),
-        occupancy: picture::occupancy(&devices, pods, &node.name),
-        register,
-    }
-}
-
         taints: session
             .api
             .get(Kind::Node, "", &node.name)
@@ -316,6 +311,11 @@ fn node_report(session: &Session, node: &SimNode, pods: &[PodReport]) -> NodeRep
             .iter()
             .map(ToString::to_string)
             .collect(),
+        occupancy: picture::occupancy(&devices, pods, &node.name),
+        register,
+    }
+}
+
 /// A scratch directory on tmpfs when there is one (fake CPX roots are
 /// thousands of files).
 fn scratch() -> std::io::Result<TempDir> {

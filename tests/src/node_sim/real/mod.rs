@@ -159,8 +159,8 @@ async fn node_report(session: &RealSession, node: &RealNode, pods: &[PodReport])
         mode: node.mode,
         amdsmi: node.host.amdsmi.clone(),
         kubelet_devices: node.capacity,
+        taints: node.taints(session).await,
         occupancy: super::picture::occupancy(&devices, pods, &node.name),
         register,
     }
 }
-        taints: node.taints(session).await,
