@@ -6,13 +6,17 @@ bundles libhelm_c.so) lints and renders the chart, and kubernetes-validate
 checks every rendered object against the bundled OpenAPI schemas of concrete
 Kubernetes versions. No helm binary and no cluster.
 
-For the default values and for ci/all-features-values.yaml (every optional
-feature on), it checks:
+For the default values, for ci/all-features-values.yaml (every optional
+feature on), for the seed chart's spellings and for listed admission writers
+(POLICY_WRITERS), it checks:
   1. the values against values.schema.json, and `helm lint --strict`;
   2. every object, rendered for a cluster of each version in KUBE_VERSIONS,
      against that version's schemas (strict: unknown fields fail);
   3. the expected set of objects, the plugin's environment (each value maps
-     to its variable), the RBAC rules (exactly what the code needs), the pod
+     to its variable), the RBAC rules (exactly what the code needs), the
+     admission policies (the protected pod annotations: pods, pods/status and
+     Bindings matched, the AMD keys everywhere and the shared ones on pods
+     asking for amd.com/, the writers of the values and HAMi's by name), the pod
      hardening beyond PSS (read-only root, token mounted, no user namespace,
      HAMi's webhook label, the probes on a port of their own, apart from the
      metrics port, and admitted by the NetworkPolicy to no pod);
@@ -366,6 +370,20 @@ SEED_SPELLINGS: dict[str, Any] = {
 }
 
 
+# The protected annotations' writers set: listed writers and device plugins,
+# HAMi in two namespaces (the default set lists none of the first).
+POLICY_WRITERS: dict[str, Any] = {
+    "validatingAdmissionPolicy": {
+        "enabled": True,
+        "hamiNamespaces": ["hami-system", "kube-system"],
+        "writers": {"serviceAccounts": ["volcano-system:volcano-scheduler"],
+                    "users": ["system:kube-scheduler"]},
+        "devicePlugins": {"serviceAccounts": ["gpu-operator:vendor-device-plugin"],
+                          "users": ["vendor-plugin"]},
+    },
+}
+
+
 def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
     dp = values["dp"]
     kubelet = values["kubeletRootDir"]
@@ -411,25 +429,80 @@ def check_ports(container: dict[str, Any], values: dict[str, Any]) -> None:
               f"{probe} GET {path} on the probe port, not the metrics port", str(get))
 
 
+SHARED_KEYS = ["hami.io/vgpu-node", "hami.io/vgpu-time", "hami.io/bind-phase", "hami.io/bind-time"]
+
+
+def writer_users(writers: dict[str, Any]) -> list[str]:
+    """The API server's user names of a writers/devicePlugins value."""
+    return ([f"system:serviceaccount:{sa}" for sa in writers.get("serviceAccounts") or []]
+            + list(writers.get("users") or []))
+
+
+def listed(expression: str, before: str) -> list[Any] | None:
+    """The JSON list literal right after `before` in a CEL expression (the
+    chart writes its lists with toJson), or None."""
+    at = expression.find(before)
+    if at < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(expression, at + len(before))[0]
+    except ValueError:
+        return None
+
+
 def check_protected_annotations(policies: list[dict[str, Any]], sa_user: str,
                                 values: dict[str, Any]) -> None:
-    """The policy that keeps HAMi's and the plugin's pod annotations to them."""
-    if not check(len(policies) == 1, "one policy protects HAMi's pod annotations"):
+    """The policies that keep HAMi's and the plugin's pod annotations to them:
+    one on pods and their status (issue 38, F4), the AMD keys on every pod and
+    the shared ones on pods asking for amd.com/ resources (issue 37, point 3);
+    one on Bindings, whose annotations the API server copies onto the pod."""
+    by_name = {p["metadata"]["name"].rsplit("-protected-", 1)[-1]: p["spec"] for p in policies}
+    if not check(sorted(by_name) == ["annotations", "bindings"],
+                 "two policies protect HAMi's pod annotations (pods, Bindings)", str(sorted(by_name))):
         return
-    spec = policies[0]["spec"]
-    rules = spec["matchConstraints"]["resourceRules"]
-    check([r["resources"] for r in rules] == [["pods"]]
+    pods, bindings = by_name["annotations"], by_name["bindings"]
+    rules = pods["matchConstraints"]["resourceRules"]
+    check([r["resources"] for r in rules] == [["pods", "pods/status"]]
           and [r["operations"] for r in rules] == [["CREATE", "UPDATE"]],
-          "it matches pod CREATE and UPDATE")
-    check(spec["failurePolicy"] == "Fail", "it fails closed")
-    exempt = spec["matchConditions"][0]["expression"]
-    writers = values["validatingAdmissionPolicy"]["hamiWriters"] + [sa_user]
-    check(all(f'"{w}"' in exempt for w in writers),
-          f"it exempts exactly HAMi's scheduler and the plugin ({writers})", exempt)
-    keys = next(v["expression"] for v in spec["variables"] if v["name"] == "keys")
-    for key in ("hami.io/amd-devices-allocated", "hami.io/amd-cu-allocated",
-                "hami.io/bind-phase", "hami.io/vgpu-node"):
-        check(f"'{key}'" in keys, f"it protects {key}")
+          "the pods' policy matches pod and pods/status CREATE and UPDATE", str(rules))
+    rules = bindings["matchConstraints"]["resourceRules"]
+    check([r["resources"] for r in rules] == [["pods/binding", "bindings"]]
+          and [r["operations"] for r in rules] == [["CREATE"]],
+          "the Bindings' policy matches pods/binding and bindings CREATE", str(rules))
+    check(pods["failurePolicy"] == bindings["failurePolicy"] == "Fail", "both fail closed")
+    vap = values["validatingAdmissionPolicy"]
+    writers = writer_users(vap.get("writers") or {}) + [sa_user]
+    namespaces = vap.get("hamiNamespaces") or []
+    for spec, what in ((pods, "pods"), (bindings, "Bindings")):
+        exempt = spec["matchConditions"][0]["expression"]
+        check(sorted(listed(exempt, "request.userInfo.username in ") or []) == sorted(writers)
+              and listed(exempt, "split(':')[2] in ") == namespaces
+              and "contains('hami')" in exempt and "endsWith('-scheduler')" in exempt,
+              f"{what}: it exempts the plugin, {writers[:-1] or 'no other listed writer'} and "
+              f"HAMi's scheduler by name in {namespaces}", exempt)
+        variables = {v["name"]: v["expression"] for v in spec["variables"]}
+        check(all(f"'{k}'" in variables.get("shared", "") for k in SHARED_KEYS),
+              f"{what}: the shared keys are {', '.join(SHARED_KEYS)}")
+        check("k.startsWith('hami.io/amd-')" in variables.get("touched", ""),
+              f"{what}: every hami.io/amd-* key is protected")
+    variables = {v["name"]: v["expression"] for v in pods["variables"]}
+    amd = variables.get("amdPod", "")
+    check(all(s in amd for s in ("initContainers", "limits", "requests", "'amd.com/'", "oldObject")),
+          "pods: the shared keys only where a container or init container asks for amd.com/ "
+          "(limits or requests, before or after the update)", amd)
+    check("variables.amdPod ?" in variables.get("guarded", ""),
+          "pods: the shared keys are guarded only on AMD pods", variables.get("guarded", ""))
+    plugins = writer_users(vap.get("devicePlugins") or {})
+    device = variables.get("devicePlugin", "")
+    check(sorted(listed(device, "request.userInfo.username in ") or []) == sorted(plugins)
+          and "endsWith('-device-plugin')" in device
+          and listed(device, "split(':')[2] in ") == namespaces,
+          f"pods: device plugins {plugins} and HAMi's by name may set bind-phase", device)
+    check("k == 'hami.io/bind-phase'" in variables.get("guarded", ""),
+          "pods: a device plugin may set hami.io/bind-phase and nothing else")
+    binding_vars = {v["name"]: v["expression"] for v in bindings["variables"]}
+    check("amdPod" not in binding_vars and "k in variables.shared" in binding_vars.get("touched", ""),
+          "Bindings: every protected key refused (a Binding does not show the pod's resources)")
 
 
 def plugin_ds(objects: list[dict[str, Any]]) -> dict[str, Any]:
@@ -585,8 +658,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
             "DaemonSet": 2 if installer else 1,
             "NetworkPolicy": 1 if netpol else 0,
-            "ValidatingAdmissionPolicy": 3 if vap else 0,
-            "ValidatingAdmissionPolicyBinding": 3 if vap else 0,
+            "ValidatingAdmissionPolicy": 4 if vap else 0,
+            "ValidatingAdmissionPolicyBinding": 4 if vap else 0,
             "ConfigMap": 1 if values["dashboard"]["enabled"] else 0}
     have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
     extra = sorted({o["kind"] for o in objects} - set(want))
@@ -619,7 +692,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
         every_policy = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
         bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
         protected = [p for p in every_policy
-                     if p["metadata"]["name"].endswith("-protected-annotations")]
+                     if p["metadata"]["name"].endswith(("-protected-annotations",
+                                                        "-protected-bindings"))]
         policies = [p for p in every_policy if p not in protected]
         check_protected_annotations(protected, sa_user, values)
         resources = sorted(r for p in policies
@@ -750,6 +824,13 @@ BAD_VALUES = [
     {"kubeletRootDir": "/var/lib/../kubelet"},
     {"dbusSocketDir": "/run/dbus/"},
     {"validatingAdmissionPolicy": {"enabled": True, "mode": "warn"}},
+    {"validatingAdmissionPolicy": {"hamiWriters": ["system:serviceaccount:kube-system:hami-scheduler"]}},
+    {"validatingAdmissionPolicy": {"writers": {"serviceAccounts": ["hami-scheduler"]}}},
+    {"validatingAdmissionPolicy": {"writers": {"serviceAccounts": ["system:serviceaccount:kube-system:x"]}}},
+    {"validatingAdmissionPolicy": {"writers": {"users": [""]}}},
+    {"validatingAdmissionPolicy": {"writers": {"groups": ["system:masters"]}}},
+    {"validatingAdmissionPolicy": {"devicePlugins": {"serviceAccounts": ["Kube-System:x"]}}},
+    {"validatingAdmissionPolicy": {"hamiNamespaces": ["kube_system"]}},
     {"networkPolicy": {"enabled": True, "metricsFrom": [{"anyone": {}}]}},
     {"networkPolicy": {"enabled": "yes", "metricsFrom": []}},
     {"securityContext": {"privileged": True}},
@@ -944,6 +1025,7 @@ def main() -> int:
         features = yaml.safe_load((CHART / "ci" / "all-features-values.yaml").read_text())
         check_value_set(chart, "all-features (ci/all-features-values.yaml)", features, exceptions)
         check_value_set(chart, "the seed's spellings", SEED_SPELLINGS, exceptions)
+        check_value_set(chart, "the admission policy's writers", POLICY_WRITERS, exceptions)
         dashboard_check.check_dashboard(check)
         if ds is not None:
             self_tests(chart, ds, exceptions)

@@ -80,9 +80,10 @@ pub fn add_pod(
     Ok(())
 }
 
-/// The users the chart lets write HAMi's pod annotations in these tests:
-/// the administrator, who plays HAMi's scheduler here.
-pub const HAMI_WRITERS: &str = r#"["admin"]"#;
+/// The writers the chart lets write HAMi's pod annotations in these tests
+/// (`validatingAdmissionPolicy.writers`): the administrator, who plays
+/// HAMi's scheduler here.
+pub const HAMI_WRITERS: &str = r#"{"serviceAccounts": [], "users": ["admin"]}"#;
 
 /// Applies the chart (its policies on, the administrator as HAMi's
 /// scheduler), all but the DaemonSet (no kubelet runs its pods here); the
@@ -93,7 +94,7 @@ pub const HAMI_WRITERS: &str = r#"["admin"]"#;
 pub fn apply_chart(cluster: &RealCluster) -> io::Result<Vec<Value>> {
     let objects = chart::render(&[
         ("validatingAdmissionPolicy.enabled", "true"),
-        ("validatingAdmissionPolicy.hamiWriters", HAMI_WRITERS),
+        ("validatingAdmissionPolicy.writers", HAMI_WRITERS),
     ])?;
     for object in objects.iter().filter(|o| o["kind"] != "DaemonSet") {
         let (code, answer) = cluster.apply(object)?;
