@@ -21,6 +21,8 @@ pub struct Limits {
     pub max_layer_bytes: u64,
     /// Tar entries kept in the merged tree.
     pub max_entries: usize,
+    /// Bytes of names, link targets and other text the merged tree keeps.
+    pub max_tree_bytes: u64,
     /// Bytes of a `libc.so.6`, which is read whole.
     pub max_libc: u64,
     /// When the inspection gives up.
@@ -33,6 +35,10 @@ impl Default for Limits {
             max_json: 4 << 20,
             max_layer_bytes: 16 << 30,
             max_entries: 2_000_000,
+            // `max_entries` paths of 64 bytes, a typical site-packages
+            // path: what a real image needs, while 2M links of 4 KiB
+            // targets (8 GB, issue 38 F2) are refused.
+            max_tree_bytes: 128 << 20,
             max_libc: 32 << 20,
             deadline: Instant::now() + Duration::from_secs(600),
         }
@@ -118,6 +124,17 @@ pub enum InspectError {
     OutOfTime { stage: &'static str },
     #[error(transparent)]
     Command(#[from] CommandBound),
+    #[error(
+        "layer {digest}: a tar {record} record at uncompressed byte {offset} declares {size} bytes, above the loader check's bound of {limit} ({bound}); refused before reading it"
+    )]
+    TarRecord {
+        digest: String,
+        record: &'static str,
+        offset: u64,
+        size: u64,
+        limit: u64,
+        bound: &'static str,
+    },
     #[error("layer {digest} could not be read (at uncompressed byte {offset:?}): {why}")]
     Layer {
         digest: String,
@@ -143,6 +160,7 @@ impl InspectError {
             Self::Limit { .. } => "limit",
             Self::OutOfTime { .. } => "out_of_time",
             Self::Command(_) => "command_bound",
+            Self::TarRecord { .. } => "tar_record",
             Self::Layer { .. } => "layer_read",
         }
     }

@@ -7,18 +7,25 @@
 //! `.wh..wh..opq` hides everything lower in its directory ("Whiteouts",
 //! "Opaque Whiteout"). Only a summary of each regular file is kept (what
 //! [`super::elf`] tells of its first bytes), never its content; everything
-//! read is bounded by [`Limits`].
+//! read is bounded by [`Limits`]: the bytes decompressed, the entries
+//! kept and the bytes of text they keep (`max_tree_bytes`), the deadline,
+//! and tar extension records larger than their bound are refused before
+//! they are read ([`guard`]).
+
+mod budget;
+mod guard;
 
 use std::{
-    cell::Cell,
     collections::BTreeMap,
     io::{self, BufReader, Read},
-    time::Instant,
 };
 
-use super::elf::{self, ElfSummary, GlibcVersion, Shebang};
+use super::elf::{self, ElfSummary, GlibcVersion, Interp, Shebang};
 use super::inspection::{InspectError, Limits};
 use super::zstd::ZstdFrames;
+pub(crate) use budget::Budget;
+use budget::{Counted, Trip};
+use guard::TarGuard;
 
 /// Bytes read from the start of an executable to summarise it.
 pub(crate) const PREFIX_LEN: usize = 64 * 1024;
@@ -73,6 +80,44 @@ impl FileSummary {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tree {
     nodes: BTreeMap<String, Node>,
+    /// What the nodes keep, as [`cost`] counts it.
+    bytes: u64,
+}
+
+impl Node {
+    /// Bytes of text this node keeps besides its path.
+    fn kept_bytes(&self) -> usize {
+        match self {
+            Self::Dir | Self::Other => 0,
+            Self::Symlink(to) | Self::Hardlink(to) => to.len(),
+            Self::File(f) => f.kept_bytes(),
+        }
+    }
+}
+
+impl FileSummary {
+    fn kept_bytes(&self) -> usize {
+        let kind = match &self.kind {
+            FileKind::Elf(ElfSummary {
+                interp: Interp::Path(p),
+                ..
+            }) => p.len(),
+            FileKind::BadElf(why) => why.len(),
+            FileKind::Script(s) => s.interpreter.len() + s.arg.as_ref().map_or(0, String::len),
+            _ => 0,
+        };
+        let glibc = match &self.glibc {
+            Some(Ok(v)) => v.len() * size_of::<GlibcVersion>(),
+            Some(Err(why)) => why.len(),
+            None => 0,
+        };
+        kind + glibc
+    }
+}
+
+/// The bytes of text an entry of the tree keeps: its path and its node's.
+fn cost(path: &str, node: &Node) -> u64 {
+    (path.len() + node.kept_bytes()) as u64
 }
 
 impl Tree {
@@ -88,16 +133,29 @@ impl Tree {
         self.nodes.iter().map(|(k, v)| (k.as_str(), v))
     }
 
-    /// Sets `path` (normalised) to `node`, for tests.
-    #[cfg(test)]
+    /// Bytes of text the tree keeps (`max_tree_bytes`).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Sets `path` (normalised) to `node`.
     pub(crate) fn insert(&mut self, path: &str, node: Node) {
-        self.nodes.insert(path.to_owned(), node);
+        self.bytes += cost(path, &node);
+        if let Some(old) = self.nodes.insert(path.to_owned(), node) {
+            self.bytes -= cost(path, &old);
+        }
+    }
+
+    fn remove(&mut self, path: &str) {
+        if let Some(old) = self.nodes.remove(path) {
+            self.bytes -= cost(path, &old);
+        }
     }
 
     /// Removes `path` itself, if asked, and everything beneath it.
     fn remove_tree(&mut self, path: &str, itself: bool) {
         if itself {
-            self.nodes.remove(path);
+            self.remove(path);
         }
         let prefix = if path == "/" {
             "/".to_owned()
@@ -112,7 +170,7 @@ impl Tree {
             .cloned()
             .collect();
         for k in doomed {
-            self.nodes.remove(&k);
+            self.remove(&k);
         }
     }
 
@@ -128,7 +186,7 @@ impl Tree {
             if node != Node::Dir {
                 self.remove_tree(&path, false);
             }
-            self.nodes.insert(path, node);
+            self.insert(&path, node);
         }
     }
 }
@@ -197,84 +255,6 @@ impl Compression {
     }
 }
 
-/// Uncompressed bytes and time left for one inspection, shared by the
-/// readers of all its layers.
-pub(crate) struct Budget {
-    used: Cell<u64>,
-    max: u64,
-    deadline: Instant,
-    tripped: Cell<Option<Trip>>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Trip {
-    Bytes,
-    Time,
-}
-
-impl Budget {
-    pub(crate) fn new(limits: &Limits) -> Self {
-        Self {
-            used: Cell::new(0),
-            max: limits.max_layer_bytes,
-            deadline: limits.deadline,
-            tripped: Cell::new(None),
-        }
-    }
-
-    fn check_time(&self) -> Result<(), InspectError> {
-        if Instant::now() >= self.deadline {
-            return Err(InspectError::OutOfTime {
-                stage: "reading layers",
-            });
-        }
-        Ok(())
-    }
-
-    /// The error a failed read stands for: a limit this budget tripped, or
-    /// else a read error of the layer `digest`.
-    fn failure(&self, digest: &str, err: &io::Error) -> InspectError {
-        match self.tripped.get() {
-            Some(Trip::Bytes) => InspectError::Limit {
-                limit: "max_layer_bytes",
-                value: self.max,
-            },
-            Some(Trip::Time) => InspectError::OutOfTime {
-                stage: "reading layers",
-            },
-            None => InspectError::Layer {
-                digest: digest.to_owned(),
-                offset: Some(self.used.get()),
-                why: err.to_string(),
-            },
-        }
-    }
-}
-
-/// Counts the uncompressed bytes against the budget, and stops at the
-/// deadline.
-struct Counted<'b, R> {
-    inner: R,
-    budget: &'b Budget,
-}
-
-impl<R: Read> Read for Counted<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if Instant::now() >= self.budget.deadline {
-            self.budget.tripped.set(Some(Trip::Time));
-            return Err(io::Error::other("out of time"));
-        }
-        let n = self.inner.read(buf)?;
-        let used = self.budget.used.get().saturating_add(n as u64);
-        self.budget.used.set(used);
-        if used > self.budget.max {
-            self.budget.tripped.set(Some(Trip::Bytes));
-            return Err(io::Error::other("max_layer_bytes exceeded"));
-        }
-        Ok(n)
-    }
-}
-
 /// One layer's changes, gathered before they are applied: whiteouts apply
 /// only to lower layers, whatever their place in the archive.
 #[derive(Default)]
@@ -282,11 +262,27 @@ struct Changes {
     opaque: Vec<String>,
     whiteouts: Vec<String>,
     entries: Vec<(String, Node)>,
+    /// Bytes of text kept, as [`cost`] counts it.
+    bytes: u64,
 }
 
 impl Changes {
     fn len(&self) -> usize {
         self.opaque.len() + self.whiteouts.len() + self.entries.len()
+    }
+
+    fn entry(&mut self, path: String, node: Node) {
+        self.bytes += cost(&path, &node);
+        self.entries.push((path, node));
+    }
+
+    fn hide(&mut self, path: String, opaque: bool) {
+        self.bytes += path.len() as u64;
+        if opaque {
+            self.opaque.push(path);
+        } else {
+            self.whiteouts.push(path);
+        }
     }
 }
 
@@ -325,8 +321,9 @@ pub(crate) fn apply_layer(
         inner: decoded,
         budget,
     };
-    let mut archive = tar::Archive::new(counted);
-    let changes = match read_changes(&mut archive, tree.len(), budget, limits) {
+    let mut archive = tar::Archive::new(TarGuard::new(counted, budget));
+    let kept = (tree.len(), tree.bytes());
+    let changes = match read_changes(&mut archive, kept, budget, limits) {
         Ok(c) => c,
         Err(Failure::Inspect(e)) => return Err(e),
         Err(Failure::Io(e)) => return Err(budget.failure(digest, &e)),
@@ -337,7 +334,7 @@ pub(crate) fn apply_layer(
 
 fn read_changes<R: Read>(
     archive: &mut tar::Archive<R>,
-    kept: usize,
+    (kept, kept_bytes): (usize, u64),
     budget: &Budget,
     limits: &Limits,
 ) -> Result<Changes, Failure> {
@@ -354,22 +351,28 @@ fn read_changes<R: Read>(
         };
         let name = basename(&path);
         if name == OPAQUE {
-            changes.opaque.push(parent(&path).to_owned());
+            changes.hide(parent(&path).to_owned(), true);
         } else if let Some(hidden) = name.strip_prefix(WHITEOUT) {
             let dir = parent(&path);
             if let Some(hidden) = normalize(&format!("{dir}/{hidden}"))
                 && parent(&hidden) == dir
             {
-                changes.whiteouts.push(hidden);
+                changes.hide(hidden, false);
             }
         } else {
             let node = entry_node(&mut entry, &path, limits)?;
-            changes.entries.push((path, node));
+            changes.entry(path, node);
         }
         if kept.saturating_add(changes.len()) > limits.max_entries {
             return Err(Failure::Inspect(InspectError::Limit {
                 limit: "max_entries",
                 value: limits.max_entries as u64,
+            }));
+        }
+        if kept_bytes.saturating_add(changes.bytes) > limits.max_tree_bytes {
+            return Err(Failure::Inspect(InspectError::Limit {
+                limit: "max_tree_bytes",
+                value: limits.max_tree_bytes,
             }));
         }
     }

@@ -1,3 +1,5 @@
+use std::time::Instant;
+
 use super::*;
 use crate::loader_check::testimage::{TarLayer, gzip, zstd};
 
