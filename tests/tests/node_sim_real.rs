@@ -22,6 +22,8 @@ const LIMIT: Duration = Duration::from_secs(1500);
 
 fn node_sim_json(args: &[&str]) -> Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_node-sim"));
+    // The emulator places the pods unless a test names HAMi's scheduler.
+    cmd.env_remove("HAMI_SCHEDULER");
     cmd.arg("--json").args(args);
     let (code, stdout, stderr) = common::run_with_timeout(cmd, LIMIT);
     assert_eq!(code, 0, "node-sim {args:?} failed:\n{stderr}");
@@ -119,6 +121,40 @@ fn cdi_device_names_reach_the_runtime() {
     assert_eq!(c["envs"]["HSA_CU_MASK"], "0:0-75", "{c}");
     let fake = node_sim_json(&["--cluster", "fake", "--cdi", "--pods", pods]);
     same_as_the_fake(&real, &fake);
+}
+
+/// Issue 35: a real HAMi scheduler (`HAMI_SCHEDULER` names a binary built
+/// from Project-HAMi/HAMi's `cmd/scheduler`; the project never builds it)
+/// behind a kube-scheduler configured as HAMi's chart configures it places
+/// every example, the plugin serves every decision, and HAMi's choices are
+/// the emulator's.
+#[test]
+fn the_real_hami_scheduler_places_every_example() {
+    let Some(hami) = std::env::var_os("HAMI_SCHEDULER") else {
+        eprintln!(
+            "skipped: HAMI_SCHEDULER names no HAMi scheduler binary (build Project-HAMi/HAMi's \
+             cmd/scheduler outside the repository and point HAMI_SCHEDULER at it)"
+        );
+        return;
+    };
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let hami = hami.to_string_lossy().into_owned();
+    let real = node_sim_json(&["--cluster", "real", "--hami-scheduler", &hami]);
+    assert_eq!(real["overlaps"], Value::Array(Vec::new()));
+    for pod in real["pods"].as_array().unwrap() {
+        if pod["name"] == "too-big" {
+            // kube-scheduler's message, with HAMi's reason in it.
+            assert_eq!(pod["scheduled"], false, "{pod}");
+            let reason = pod["reason"].as_str().unwrap();
+            assert!(reason.contains("8/8 CardInsufficientMemory"), "{reason}");
+        } else {
+            assert_eq!(pod["bind_phase"], "success", "{pod}");
+        }
+    }
+    let emulated = node_sim_json(&["--cluster", "real"]);
+    same_as_the_fake(&real, &emulated);
 }
 
 /// Issue 35: an init container that ran to its end (`recording-cri` ends

@@ -13,6 +13,7 @@
 
 pub mod chart;
 mod files;
+pub mod hami;
 pub mod kubelet;
 pub mod probe;
 pub mod setup;

@@ -46,6 +46,13 @@ pub struct Options {
     /// Kubernetes modules on first use; needs root).
     #[arg(long, value_enum, default_value_t = ClusterArg::Fake, env = "NODE_SIM_CLUSTER")]
     pub cluster: ClusterArg,
+    /// With `--cluster real`: a HAMi scheduler binary (`cmd/scheduler` of
+    /// Project-HAMi/HAMi, built by the user; the project never builds or
+    /// ships HAMi) that places the pods in place of the emulator, behind a
+    /// kube-scheduler named `hami-scheduler` configured as HAMi's chart
+    /// configures it.
+    #[arg(long, value_name = "PATH", env = "HAMI_SCHEDULER")]
+    pub hami_scheduler: Option<PathBuf>,
     /// The plugin answers Allocate with CDI device names (`--cdi true`)
     /// instead of device nodes.
     #[arg(long)]

@@ -44,6 +44,48 @@ pub async fn admit(
 ) -> PodReport {
     let mut report = PodReport::on(pod, &node.name, node.mode);
     let say = |msg: &str| session.host.progress.step(&node.name, msg);
+    let (placement, cgroup) = if session.hami.is_some() {
+        match super::hami::schedule(session, node, pod).await {
+            Ok(placed) => placed,
+            Err(super::hami::NotBound(why)) => {
+                say(&format!("HAMi did not bind pod {}", pod.name));
+                report.reason = Some(why.clone());
+                report.summary = Some(why);
+                return report;
+            }
+        }
+    } else {
+        match emulated(session, node, pod, policy, &mut report).await {
+            Some(placed) => placed,
+            None => return report,
+        }
+    };
+    report.scheduled = true;
+    if report.containers.is_empty() {
+        for (request, grants) in placement.requests.iter().zip(&placement.grants) {
+            report
+                .containers
+                .push(ContainerReport::new(request, grants));
+        }
+    }
+    say(&format!("HAMi bound pod {}; kubelet admits it", pod.name));
+    let outcome = wait_started(session, pod).await;
+    runtime::record(node, pod, &placement, &mut report, outcome).await;
+    runtime::pre_start(cgroup.as_deref(), &mut report);
+    finish(session, pod, &mut report).await;
+    report
+}
+
+/// The emulator's Filter and Bind; `None` (with the report saying why)
+/// when HAMi would not place or the Binding failed.
+async fn emulated(
+    session: &RealSession,
+    node: &RealNode,
+    pod: &ExamplePod,
+    policy: GpuPolicy,
+    report: &mut PodReport,
+) -> Option<(Placement, Option<PathBuf>)> {
+    let say = |msg: &str| session.host.progress.step(&node.name, msg);
     let placement = match filter(session, node, pod, policy).await {
         Ok(placement) => placement,
         Err(err) => {
@@ -54,30 +96,23 @@ pub async fn admit(
             report.reason = Some(err.to_string());
             report.summary = Some(err.summary());
             report.rejections = rejections(&err);
-            return report;
+            return None;
         }
     };
-    report.scheduled = true;
     for (request, grants) in placement.requests.iter().zip(&placement.grants) {
         report
             .containers
             .push(ContainerReport::new(request, grants));
     }
-    let cgroup = match bind(session, node, pod, &placement).await {
-        Ok(cgroup) => cgroup,
+    match bind(session, node, pod, &placement).await {
+        Ok(cgroup) => Some((placement, cgroup)),
         Err(why) => {
             for container in &mut report.containers {
                 container.error = Some(format!("not bound: {why}"));
             }
-            return report;
+            None
         }
-    };
-    say(&format!("HAMi bound pod {}; kubelet admits it", pod.name));
-    let outcome = wait_started(session, pod).await;
-    runtime::record(node, pod, &placement, &mut report, outcome).await;
-    runtime::pre_start(cgroup.as_deref(), &mut report);
-    finish(session, pod, &mut report).await;
-    report
+    }
 }
 
 /// HAMi's Filter on what the real API server holds.

@@ -7,6 +7,7 @@
 //! every pod ([`admit`]). Needs root: kubelet runs as root.
 
 pub mod admit;
+pub mod hami;
 pub mod node;
 pub mod runtime;
 
@@ -20,7 +21,11 @@ use super::{
     report::{NodeReport, PodReport, Report},
 };
 use crate::{
-    cluster::{ADMIN_TOKEN, RealCluster, setup},
+    cluster::{
+        ADMIN_TOKEN, RealCluster,
+        hami::{Extender, HamiEndpoints},
+        setup,
+    },
     hami_emulator::request::GpuPolicy,
 };
 
@@ -28,6 +33,9 @@ use crate::{
 /// control plane before the scratch directory.
 pub struct RealSession {
     pub cluster: RealCluster,
+    /// Where a real HAMi scheduler serves when it places the pods
+    /// (`--hami-scheduler`); else the emulator places them.
+    pub hami: Option<HamiEndpoints>,
     /// The administrator's client.
     pub client: Client,
     pub host: Host,
@@ -89,7 +97,7 @@ pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimul
             format!("{}-{}", super::options::fixture_name(node), mode.as_str())
         })
         .collect();
-    let session = start_cluster(host, &names).await?;
+    let session = start_cluster(host, &names, options.hami_scheduler.as_deref()).await?;
     let policy = GpuPolicy::from(options.gpu_policy);
     let mut nodes = Vec::new();
     let mut reports: Vec<PodReport> = Vec::new();
@@ -120,8 +128,13 @@ pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimul
     })
 }
 
-/// The control plane with a kubelet token per node, the chart applied.
-async fn start_cluster(host: Host, nodes: &[String]) -> Result<RealSession, SimError> {
+/// The control plane with a kubelet token per node, the chart applied, and
+/// HAMi's scheduler from `hami` when given.
+async fn start_cluster(
+    host: Host,
+    nodes: &[String],
+    hami: Option<&std::path::Path>,
+) -> Result<RealSession, SimError> {
     host.progress.step(
         "cluster",
         "starting etcd, kube-apiserver, kube-scheduler (the first run builds them: minutes)",
@@ -135,6 +148,25 @@ async fn start_cluster(host: Host, nodes: &[String]) -> Result<RealSession, SimE
     .map_err(|e| SimError::start("the control plane")(std::io::Error::other(e)))?
     .map_err(SimError::start("the control plane"))?;
     setup::apply_chart(&cluster).map_err(SimError::start("applying the chart"))?;
+    let mut cluster = cluster;
+    let hami = match hami {
+        Some(path) => {
+            host.progress.step(
+                "cluster",
+                &format!(
+                    "starting HAMi's scheduler {} behind kube-scheduler hami-scheduler",
+                    path.display()
+                ),
+            );
+            let extender = Extender::Binary(path.to_owned());
+            Some(
+                cluster
+                    .start_hami(&extender)
+                    .map_err(SimError::start("HAMi's scheduler"))?,
+            )
+        }
+        None => None,
+    };
     let config = cluster
         .client_config("admin", ADMIN_TOKEN)
         .await
@@ -145,6 +177,7 @@ async fn start_cluster(host: Host, nodes: &[String]) -> Result<RealSession, SimE
         .step("cluster", &format!("API server at {}", cluster.url()));
     Ok(RealSession {
         cluster,
+        hami,
         client,
         host,
     })
