@@ -67,8 +67,18 @@ pub fn describe(pod: &PodReport) -> String {
             None => format!("{region} max"),
         })
         .collect();
+    let gpus: std::collections::BTreeSet<&str> = pod
+        .containers
+        .iter()
+        .flat_map(|c| c.gpus.iter().map(|g| g.id.as_str()))
+        .collect();
+    let note = if gpus.len() > caps.len() {
+        " (the fake host's dmem.max is a plain file: it keeps the last region written)"
+    } else {
+        ""
+    };
     format!(
-        "VRAM cap (dmem.max of {cgroup}, by amd-gpud): {}",
+        "VRAM cap (dmem.max of {cgroup}, by amd-gpud): {}{note}",
         caps.join(", ")
     )
 }
