@@ -150,10 +150,14 @@ async fn scenario() {
     }));
     wait_register(&api, "8 devices again", |d| d.len() == 8).await;
 
-    // A graceful stop (a rollout) keeps the published health: kubelet
-    // learns of the plugin's absence on its own, and HAMi keeps the node's
-    // GPUs for the length of the rollout (issue 36, point 6).
-    let before = register_value(&api).unwrap();
+    graceful_stop_keeps_health(&api, &mut plugin);
+}
+
+/// A graceful stop (a rollout) keeps the published health: kubelet learns
+/// of the plugin's absence on its own, and HAMi keeps the node's GPUs for
+/// the length of the rollout (issue 36, point 6).
+fn graceful_stop_keeps_health(api: &FakeApiServer, plugin: &mut stack::Process) {
+    let before = register_value(api).unwrap();
     let pid = plugin.0.id().to_string();
     assert!(
         std::process::Command::new("kill")
@@ -164,7 +168,7 @@ async fn scenario() {
     );
     let status = plugin.wait_exit(Duration::from_secs(20)).unwrap();
     assert!(status.success(), "{status}");
-    let devices = register_value(&api).unwrap();
+    let devices = register_value(api).unwrap();
     assert_eq!(
         devices, before,
         "the stop left the register annotation as it was"
