@@ -198,12 +198,6 @@ fn bad_options_and_pods_fail_clearly() {
     let (code, _, stderr) = node_sim(&["--pods", file.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(stderr.contains("is not a Pod"), "{stderr}");
-    let (code, _, stderr) = node_sim(&["--cluster", "real", "--all-at-once"]);
-    assert_eq!(code, 1);
-    assert!(
-        stderr.contains("--all-at-once works with --cluster fake only"),
-        "{stderr}"
-    );
 }
 
 /// As a user the shipped bus policy knows nothing about: the simulator's

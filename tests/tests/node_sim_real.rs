@@ -202,3 +202,32 @@ fn a_finished_init_container_overlaps_no_later_pod() {
     );
     assert_eq!(real["overlaps"], Value::Array(Vec::new()));
 }
+
+/// `--all-at-once` on the real cluster: every example is created and bound
+/// before node-sim waits for any, the real kubelet admitting each as soon
+/// as it is bound (and HAMi's emulated Bind waiting for the node lock);
+/// every example ends as it does one at a time.
+#[test]
+fn all_at_once_every_example_goes_through_the_real_kubelet() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let real = node_sim_json(&["--cluster", "real", "--all-at-once"]);
+    let names: Vec<&str> = real["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    let all = [
+        "quarter-gpu",
+        "two-gpus",
+        "two-containers",
+        "whole-gpu",
+        "too-big",
+        "partition",
+    ];
+    assert_eq!(names, all);
+    default_examples(&real);
+    assert_eq!(real["overlaps"], Value::Array(Vec::new()));
+}

@@ -61,8 +61,6 @@ pub enum SimError {
         "--cluster real runs kubelet, which needs root; this is UID {uid} (try sudo, or --cluster fake)"
     )]
     NeedsRoot { uid: u32 },
-    #[error("{option} works with --cluster fake only, so far")]
-    FakeOnly { option: &'static str },
     #[error("{what} exited early ({status}); the end of its log ({}):\n{tail}", log.display())]
     Exited {
         what: String,

@@ -152,11 +152,6 @@ impl Run {
     /// As [`run`] and [`real::run`].
     pub async fn start(options: &Options, exe: PathBuf) -> Result<Self, SimError> {
         Ok(match options.cluster {
-            options::ClusterArg::Real if options.all_at_once => {
-                return Err(SimError::FakeOnly {
-                    option: "--all-at-once",
-                });
-            }
             options::ClusterArg::Fake => Self::Fake(run(options, exe).await?),
             options::ClusterArg::Real => Self::Real(real::run(options, exe).await?),
         })

@@ -42,6 +42,57 @@ pub async fn admit(
     pod: &ExamplePod,
     policy: GpuPolicy,
 ) -> PodReport {
+    match place(session, node, pod, policy, false).await {
+        Ok(placed) => follow(session, node, pod, placed).await,
+        Err(report) => *report,
+    }
+}
+
+/// `--all-at-once`: every pod of `pods` placed (created and bound) before
+/// any is waited for; kubelet admits each as soon as it is bound. Their
+/// reports, in order.
+pub async fn admit_all(
+    session: &RealSession,
+    node: &RealNode,
+    pods: &[&ExamplePod],
+    policy: GpuPolicy,
+) -> Vec<PodReport> {
+    let mut placed = Vec::new();
+    for pod in pods {
+        placed.push(place(session, node, pod, policy, true).await);
+    }
+    let mut reports = Vec::new();
+    for (pod, placed) in pods.iter().zip(placed) {
+        reports.push(match placed {
+            Ok(placed) => follow(session, node, pod, placed).await,
+            Err(report) => *report,
+        });
+    }
+    reports
+}
+
+/// A pod bound to its node, before kubelet is seen to admit it.
+pub struct Placed {
+    report: PodReport,
+    placement: Placement,
+    cgroup: Option<PathBuf>,
+}
+
+/// HAMi's Filter and Bind of `pod` (the emulator's, or the real HAMi
+/// scheduler's). `patient`: the emulated Bind of a pod that takes the node
+/// lock waits while another pod holds it, as HAMi retries a Bind that
+/// finds it taken (with `--all-at-once` kubelet may still be admitting the
+/// pod bound before).
+///
+/// # Errors
+/// The finished report of a pod HAMi did not bind.
+pub async fn place(
+    session: &RealSession,
+    node: &RealNode,
+    pod: &ExamplePod,
+    policy: GpuPolicy,
+    patient: bool,
+) -> Result<Placed, Box<PodReport>> {
     let mut report = PodReport::on(pod, &node.name, node.mode);
     let say = |msg: &str| session.host.progress.step(&node.name, msg);
     let (placement, cgroup) = if session.hami.is_some() {
@@ -51,13 +102,13 @@ pub async fn admit(
                 say(&format!("HAMi did not bind pod {}", pod.name));
                 report.reason = Some(why.clone());
                 report.summary = Some(why);
-                return report;
+                return Err(Box::new(report));
             }
         }
     } else {
-        match emulated(session, node, pod, policy, &mut report).await {
+        match emulated(session, node, pod, (policy, patient), &mut report).await {
             Some(placed) => placed,
-            None => return report,
+            None => return Err(Box::new(report)),
         }
     };
     report.scheduled = true;
@@ -69,6 +120,26 @@ pub async fn admit(
         }
     }
     say(&format!("HAMi bound pod {}; kubelet admits it", pod.name));
+    Ok(Placed {
+        report,
+        placement,
+        cgroup,
+    })
+}
+
+/// Waits until kubelet runs the placed pod, refuses it, or cannot start a
+/// container, and reads back what every container got.
+pub async fn follow(
+    session: &RealSession,
+    node: &RealNode,
+    pod: &ExamplePod,
+    placed: Placed,
+) -> PodReport {
+    let Placed {
+        mut report,
+        placement,
+        cgroup,
+    } = placed;
     let outcome = wait_started(session, pod).await;
     runtime::record(node, pod, &placement, &mut report, outcome).await;
     runtime::pre_start(cgroup.as_deref(), &mut report);
@@ -82,7 +153,7 @@ async fn emulated(
     session: &RealSession,
     node: &RealNode,
     pod: &ExamplePod,
-    policy: GpuPolicy,
+    (policy, patient): (GpuPolicy, bool),
     report: &mut PodReport,
 ) -> Option<(Placement, Option<PathBuf>)> {
     let say = |msg: &str| session.host.progress.step(&node.name, msg);
@@ -104,7 +175,7 @@ async fn emulated(
             .containers
             .push(ContainerReport::new(request, grants));
     }
-    match bind(session, node, pod, &placement).await {
+    match bind(session, node, pod, &placement, patient).await {
         Ok(cgroup) => Some((placement, cgroup)),
         Err(why) => {
             for container in &mut report.containers {
@@ -142,13 +213,15 @@ async fn filter(
 /// Bind: the pod with HAMi's annotations (for HAMi's scheduler, so
 /// kube-scheduler leaves it alone), its pod cgroup on the fake host (made
 /// by kubelet on a real node; kubelet here runs without per-pod cgroups),
-/// the node lock when an app container asks for AMD GPUs, the Binding.
-/// The pod cgroup's path, unless the example asks for none.
+/// the node lock when an app container asks for AMD GPUs (once it is free
+/// when `patient`), the Binding. The pod cgroup's path, unless the example
+/// asks for none.
 async fn bind(
     session: &RealSession,
     node: &RealNode,
     pod: &ExamplePod,
     placement: &Placement,
+    patient: bool,
 ) -> Result<Option<PathBuf>, String> {
     let now = unix_now();
     let mut manifest = pod.manifest.clone();
@@ -176,9 +249,12 @@ async fn bind(
         Some(path)
     };
     if placement.requests.iter().any(|r| !r.init) {
-        let lock = format!("{},{},{}", rfc3339(now), pod.namespace, pod.name);
-        let patch = json!({"metadata": {"annotations": {"hami.io/mutex.lock": lock}}});
         let nodes: Api<Node> = Api::all(session.client.clone());
+        if patient {
+            lock_freed(&nodes, &node.name).await?;
+        }
+        let lock = format!("{},{},{}", rfc3339(now), pod.namespace, pod.name);
+        let patch = json!({"metadata": {"annotations": {LOCK_KEY: lock}}});
         nodes
             .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -191,6 +267,32 @@ async fn bind(
         .await
         .map_err(|e| format!("binding: {e}"))?;
     Ok(cgroup)
+}
+
+/// HAMi's node lock (`docs/hami-protocol.md` §3.7).
+const LOCK_KEY: &str = "hami.io/mutex.lock";
+
+/// Waits until the plugin has released the node lock of `node`.
+///
+/// # Errors
+/// The lock still names a pod after [`START_TIMEOUT`].
+async fn lock_freed(nodes: &Api<Node>, node: &str) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let stored = nodes
+            .get(node)
+            .await
+            .map_err(|e| format!("reading Node {node}: {e}"))?;
+        let annotations = stored.metadata.annotations.unwrap_or_default();
+        let Some(lock) = annotations.get(LOCK_KEY) else {
+            return Ok(());
+        };
+        if start.elapsed() > START_TIMEOUT {
+            let secs = START_TIMEOUT.as_secs();
+            return Err(format!("the node lock still reads {lock:?} after {secs} s"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// How kubelet left the pod.

@@ -104,8 +104,12 @@ pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimul
     for (mode, group) in groups {
         let name = options.node.as_deref().unwrap_or(mode.default_node());
         let node = RealNode::start(&session, name, mode, &options.amdsmi).await?;
-        for pod in group {
-            reports.push(admit::admit(&session, &node, pod, policy).await);
+        if options.all_at_once {
+            reports.extend(admit::admit_all(&session, &node, &group, policy).await);
+        } else {
+            for pod in group {
+                reports.push(admit::admit(&session, &node, pod, policy).await);
+            }
         }
         nodes.push(node);
     }
