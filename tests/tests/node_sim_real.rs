@@ -231,3 +231,90 @@ fn all_at_once_every_example_goes_through_the_real_kubelet() {
     default_examples(&real);
     assert_eq!(real["overlaps"], Value::Array(Vec::new()));
 }
+
+/// Issue 35: under `--keep-running` a pod created afterwards (as with
+/// kubectl, `schedulerName: hami-scheduler`) is placed by kube-scheduler
+/// `hami-scheduler` with the emulator as HAMi's extender, admitted by the
+/// real kubelet, and reported by node-sim.
+#[test]
+fn a_pod_created_later_is_placed_under_keep_running() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(LIMIT, created_later());
+}
+
+async fn created_later() {
+    use std::io::{BufRead, BufReader};
+
+    let quarter = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/01-quarter-gpu.yaml"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_node-sim"))
+        .env_remove("HAMI_SCHEDULER")
+        .args(["--cluster", "real", "--keep-running", "--pods", quarter])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let _stop = StopOnDrop(child);
+    let kubeconfig = tokio::task::spawn_blocking(move || {
+        stdout.lines().map_while(Result::ok).find_map(|l| {
+            l.trim()
+                .strip_prefix("export KUBECONFIG=")
+                .map(str::to_owned)
+        })
+    })
+    .await
+    .unwrap()
+    .expect("node-sim printed no kubeconfig");
+    let config = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(config, &options)
+        .await
+        .unwrap();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "later"},
+        "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "main",
+            "image": "rocm", "resources": {"limits": {"amd.com/gpu": "1",
+            "amd.com/gpucores": "25", "amd.com/gpumem": "8192"}}}]}});
+    pods.create(&Default::default(), &serde_json::from_value(pod).unwrap())
+        .await
+        .unwrap();
+    let reported = tokio::task::spawn_blocking(move || {
+        stderr
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.contains("pod default/later on ") && l.contains("phase Running"))
+    })
+    .await
+    .unwrap()
+    .expect("node-sim never reported the pod running");
+    assert!(reported.contains(",8192,76:;"), "{reported}");
+    assert!(reported.contains("bind-phase \"success\""), "{reported}");
+}
+
+/// node-sim, sent SIGTERM when dropped (it then stops what it started) and
+/// waited for, killed after 60 s.
+struct StopOnDrop(std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(60) {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

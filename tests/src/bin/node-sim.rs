@@ -61,7 +61,10 @@ fn run(options: &Options) -> anyhow::Result<ExitCode> {
         print(options, &sim)?;
         if options.keep_running {
             keep_running(options, &sim)?;
-            let why = stop_signal().await;
+            let why = tokio::select! {
+                why = stop_signal() => why,
+                () = sim.follow_new_pods() => "stopped following pods",
+            };
             eprintln!("node-sim: {why}; stopping everything it started");
         }
         let started = sim

@@ -9,6 +9,7 @@
 //! annotation and the pods already placed ([`HamiEmulator::schedule`], see
 //! [`filter`]).
 
+pub mod extender;
 pub mod filter;
 pub mod order;
 pub mod request;

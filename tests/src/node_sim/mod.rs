@@ -164,6 +164,16 @@ impl Run {
         }
     }
 
+    /// Reports pods created after the run (`--keep-running` on the real
+    /// cluster, where kube-scheduler and HAMi's extender place them); the
+    /// fake cluster has no scheduler of its own, so this never ends.
+    pub async fn follow_new_pods(&self) {
+        match self {
+            Self::Fake(_) => std::future::pending().await,
+            Self::Real(sim) => sim.follow_new_pods().await,
+        }
+    }
+
     /// How to look at what keeps running (`--keep-running`).
     pub fn how_to_look(&self) -> String {
         match self {

@@ -7,6 +7,7 @@
 //! every pod ([`admit`]). Needs root: kubelet runs as root.
 
 pub mod admit;
+mod follow;
 pub mod hami;
 pub mod node;
 pub mod runtime;
@@ -26,7 +27,10 @@ use crate::{
         hami::{Extender, HamiEndpoints},
         setup,
     },
-    hami_emulator::request::GpuPolicy,
+    hami_emulator::{
+        extender::{self, ExtenderServer},
+        request::GpuPolicy,
+    },
 };
 
 /// The real cluster and what every node shares. Fields drop in order: the
@@ -36,6 +40,10 @@ pub struct RealSession {
     /// Where a real HAMi scheduler serves when it places the pods
     /// (`--hami-scheduler`); else the emulator places them.
     pub hami: Option<HamiEndpoints>,
+    /// The emulator serving HAMi's extender API to the `hami-scheduler`
+    /// kube-scheduler, for pods created with kubectl (without
+    /// `--hami-scheduler`).
+    pub extender: Option<ExtenderServer>,
     /// The administrator's client.
     pub client: Client,
     pub host: Host,
@@ -62,6 +70,10 @@ impl RealSimulation {
             text.push_str(&format!("  kubectl get node {} -o yaml\n", node.name));
         }
         text.push_str("  kubectl get pods -A -o wide\n");
+        text.push_str(
+            "Pods created now with `schedulerName: hami-scheduler` are placed by HAMi's \
+             scheduler and admitted by the node's kubelet; node-sim reports each step.\n",
+        );
         for node in &self.nodes {
             let [plugin, gpud, kubelet] = node.logs();
             text.push_str(&format!(
@@ -97,8 +109,9 @@ pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimul
             format!("{}-{}", super::options::fixture_name(node), mode.as_str())
         })
         .collect();
-    let session = start_cluster(host, &names, options.hami_scheduler.as_deref()).await?;
     let policy = GpuPolicy::from(options.gpu_policy);
+    let hami = (options.hami_scheduler.as_deref(), policy);
+    let session = start_cluster(host, &names, hami).await?;
     let mut nodes = Vec::new();
     let mut reports: Vec<PodReport> = Vec::new();
     for (mode, group) in groups {
@@ -137,7 +150,7 @@ pub async fn run(options: &Options, exe: std::path::PathBuf) -> Result<RealSimul
 async fn start_cluster(
     host: Host,
     nodes: &[String],
-    hami: Option<&std::path::Path>,
+    (hami, policy): (Option<&std::path::Path>, GpuPolicy),
 ) -> Result<RealSession, SimError> {
     host.progress.step(
         "cluster",
@@ -153,37 +166,60 @@ async fn start_cluster(
     .map_err(SimError::start("the control plane"))?;
     setup::apply_chart(&cluster).map_err(SimError::start("applying the chart"))?;
     let mut cluster = cluster;
-    let hami = match hami {
-        Some(path) => {
-            host.progress.step(
-                "cluster",
-                &format!(
-                    "starting HAMi's scheduler {} behind kube-scheduler hami-scheduler",
-                    path.display()
-                ),
-            );
-            let extender = Extender::Binary(path.to_owned());
-            Some(
-                cluster
-                    .start_hami(&extender)
-                    .map_err(SimError::start("HAMi's scheduler"))?,
-            )
-        }
-        None => None,
-    };
     let config = cluster
         .client_config("admin", ADMIN_TOKEN)
         .await
         .map_err(SimError::start("the administrator's client"))?;
     let client = Client::try_from(config)
         .map_err(|e| SimError::start("the administrator's client")(std::io::Error::other(e)))?;
+    let (hami, extender) = start_hami(&mut cluster, &client, &host, (hami, policy)).await?;
     host.progress
         .step("cluster", &format!("API server at {}", cluster.url()));
     Ok(RealSession {
         cluster,
         hami,
+        extender,
         client,
         host,
+    })
+}
+
+/// HAMi's scheduler as its chart deploys it: a kube-scheduler named
+/// `hami-scheduler` whose extender is the HAMi scheduler binary `hami`, or
+/// else the emulator (serving kubectl's pods; node-sim places its own).
+async fn start_hami(
+    cluster: &mut RealCluster,
+    client: &Client,
+    host: &Host,
+    (hami, policy): (Option<&std::path::Path>, GpuPolicy),
+) -> Result<(Option<HamiEndpoints>, Option<ExtenderServer>), SimError> {
+    Ok(match hami {
+        Some(path) => {
+            let what = format!(
+                "starting HAMi's scheduler {} behind kube-scheduler hami-scheduler",
+                path.display()
+            );
+            host.progress.step("cluster", &what);
+            let extender = Extender::Binary(path.to_owned());
+            let endpoints = cluster
+                .start_hami(&extender)
+                .map_err(SimError::start("HAMi's scheduler"))?;
+            (Some(endpoints), None)
+        }
+        None => {
+            let server = extender::serve(client.clone(), policy)
+                .await
+                .map_err(SimError::start("the emulator's extender"))?;
+            let what = format!(
+                "kube-scheduler hami-scheduler calls the emulator as HAMi's extender at {}",
+                server.url
+            );
+            host.progress.step("cluster", &what);
+            cluster
+                .start_hami(&Extender::Url(server.url.clone()))
+                .map_err(SimError::start("kube-scheduler hami-scheduler"))?;
+            (None, Some(server))
+        }
     })
 }
 
