@@ -21,12 +21,17 @@ use serde_json::Value;
 const LIMIT: Duration = Duration::from_secs(1500);
 
 fn node_sim_json(args: &[&str]) -> Value {
+    node_sim_json_status(args, 0)
+}
+
+/// node-sim's JSON report, which must end with exit status `status`.
+fn node_sim_json_status(args: &[&str], status: i32) -> Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_node-sim"));
     // The emulator places the pods unless a test names HAMi's scheduler.
     cmd.env_remove("HAMI_SCHEDULER");
     cmd.arg("--json").args(args);
     let (code, stdout, stderr) = common::run_with_timeout(cmd, LIMIT);
-    assert_eq!(code, 0, "node-sim {args:?} failed:\n{stderr}");
+    assert_eq!(code, status, "node-sim {args:?}:\n{stderr}");
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("no JSON report ({e}):\n{stderr}"))
 }
 
@@ -230,6 +235,81 @@ fn all_at_once_every_example_goes_through_the_real_kubelet() {
     assert_eq!(names, all);
     default_examples(&real);
     assert_eq!(real["overlaps"], Value::Array(Vec::new()));
+}
+
+/// Issue 35: on a sidecar pod, a pod HAMi then places on the sidecar's CUs,
+/// a memory limit HAMi drops and cores without a count, the emulator gives
+/// the outcome the real HAMi v2.10.0 gives (`HAMI_SCHEDULER`), and that
+/// outcome is the one `docs/hami-protocol.md` §3.9 and §4.2 describe.
+#[test]
+fn sidecars_and_dropped_requests_end_as_with_hami() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let pods = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fixtures/pods/hami-v2.10-outcomes.yaml"
+    );
+    // What HAMi granted each pod, and how the pods it placed on a running
+    // sidecar's CUs and without devices ended. (The sidecar pod itself is
+    // left out of the phases: its bind-phase is read right after it runs.)
+    let outcome = |report: &Value| -> Vec<(Value, Value)> {
+        report["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["name"].clone(), p["devices_allocated"].clone()))
+            .collect()
+    };
+    let phases = |report: &Value| -> Vec<(String, String)> {
+        report["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["name"] != "with-sidecar")
+            .map(|p| {
+                let text = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+                (text("name"), text("bind_phase"))
+            })
+            .collect()
+    };
+    let emulated = node_sim_json_status(&["--cluster", "real", "--pods", pods], 2);
+    let want: Vec<(String, String)> = [
+        ("second", "failed"),
+        ("mem-16gi", "allocating"),
+        ("cores-only", "allocating"),
+    ]
+    .iter()
+    .map(|(n, p)| ((*n).to_owned(), (*p).to_owned()))
+    .collect();
+    assert_eq!(phases(&emulated), want);
+    let sidecar = &outcome(&emulated)[0].1;
+    assert_eq!(
+        sidecar.as_str().unwrap().matches(":;").count(),
+        2,
+        "{sidecar}"
+    );
+    for pod in ["mem-16gi", "cores-only"] {
+        assert_eq!(pod_named(&emulated, pod)["devices_allocated"], Value::Null);
+    }
+    let Some(hami) = std::env::var_os("HAMI_SCHEDULER") else {
+        eprintln!(
+            "skipped the comparison with HAMi: HAMI_SCHEDULER names no HAMi scheduler binary"
+        );
+        return;
+    };
+    let hami = hami.to_string_lossy().into_owned();
+    let args = [
+        "--cluster",
+        "real",
+        "--hami-scheduler",
+        &hami,
+        "--pods",
+        pods,
+    ];
+    let real = node_sim_json_status(&args, 2);
+    assert_eq!(outcome(&real), outcome(&emulated));
+    assert_eq!(phases(&real), want);
 }
 
 /// Issue 35: under `--keep-running` a pod created afterwards (as with

@@ -10,9 +10,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::world::{Gpu, NODE, World, grant, pod_annotation, released, schedule, world};
+use common::world::{
+    Gpu, NODE, World, event_where, grant, pod_annotation, released, schedule, world,
+};
 use serde_json::{Value, json};
 use tests::{
     apiserver::{FakeApiServer, Kind},
@@ -106,24 +108,14 @@ fn forged_cu_claims_are_reported_and_never_block_other_pods() {
 
 /// Waits for the plugin's Warning Event about `pod`, and returns its note.
 async fn untrusted_event(api: &FakeApiServer, pod: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let found = api.events().into_iter().find(|e| {
-            e["regarding"]["name"] == pod
-                && e["regarding"]["kind"] == "Pod"
-                && e["reason"] == "UntrustedCuClaim"
-                && e["type"] == "Warning"
-        });
-        if let Some(event) = found {
-            return event["note"].as_str().unwrap_or_default().to_owned();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "no UntrustedCuClaim Event for {pod}: {:?}",
-            api.events()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let event = event_where(api, &format!("UntrustedCuClaim about {pod}"), |e| {
+        e["regarding"]["name"] == pod
+            && e["regarding"]["kind"] == "Pod"
+            && e["reason"] == "UntrustedCuClaim"
+            && e["type"] == "Warning"
+    })
+    .await;
+    event["note"].as_str().unwrap_or_default().to_owned()
 }
 
 fn events_about(api: &FakeApiServer, pod: &str) -> usize {
@@ -317,22 +309,15 @@ fn a_refused_allocate_is_a_warning_event_on_the_node() {
         let refused = w.kubelet.allocate(vec![format!("{}#0", g4.id)]).await;
         let err = refused.unwrap_err().to_string();
         assert!(err.contains("no binding pod found"), "{err}");
-        let start = Instant::now();
-        while !w.api.events().iter().any(|e| {
+        event_where(&w.api, "AllocateRefused on the node", |e| {
             e["reason"] == "AllocateRefused"
                 && e["regarding"]["kind"] == "Node"
                 && e["type"] == "Warning"
                 && e["note"]
                     .as_str()
                     .is_some_and(|n| n.contains("no binding pod found"))
-        }) {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "{:?}",
-                w.api.events()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     });
 }
 
@@ -400,18 +385,8 @@ async fn sidecar_undercount() {
         pod_annotation(&w.api, "second", "hami.io/bind-phase").as_deref(),
         Some("failed")
     );
-    let start = Instant::now();
-    while !w
-        .api
-        .events()
-        .iter()
-        .any(|e| e["reason"] == "CuConflict" && e["regarding"]["name"] == "second")
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            w.api.events()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    event_where(&w.api, "CuConflict about second", |e| {
+        e["reason"] == "CuConflict" && e["regarding"]["name"] == "second"
+    })
+    .await;
 }

@@ -152,20 +152,10 @@ async fn missing_cgroup() {
     let ids = vec![format!("{}#0", g1.id)];
     w.kubelet.allocate(ids.clone()).await.unwrap();
     w.kubelet.pre_start(ids).await.unwrap();
-    let start = std::time::Instant::now();
-    while !w
-        .api
-        .events()
-        .iter()
-        .any(|e| e["reason"] == "VramCapNotApplied" && e["regarding"]["name"] == "no-cgroup")
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            w.api.events()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::world::event_where(&w.api, "VramCapNotApplied about no-cgroup", |e| {
+        e["reason"] == "VramCapNotApplied" && e["regarding"]["name"] == "no-cgroup"
+    })
+    .await;
 }
 
 #[test]

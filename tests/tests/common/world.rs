@@ -83,6 +83,27 @@ pub async fn released(api: &FakeApiServer) -> bool {
     true
 }
 
+/// The first Event on the fake API server that `matches`, waited for up to
+/// 10 s (a test failure naming `what` and every Event after that).
+pub async fn event_where(
+    api: &FakeApiServer,
+    what: &str,
+    matches: impl Fn(&Value) -> bool,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        if let Some(event) = api.events().into_iter().find(|e| matches(e)) {
+            return event;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no Event {what}: {:?}",
+            api.events()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The devices of the node's `hami.io/node-amd-register` (empty when absent).
 pub fn registered(api: &FakeApiServer) -> Vec<Value> {
     api.get(Kind::Node, "", NODE)
