@@ -31,6 +31,14 @@ use crate::{
     },
 };
 
+/// The scheduler name of the pods the emulator places here, which node-sim
+/// binds itself: one no scheduler serves, so that kube-scheduler
+/// `hami-scheduler` (which places the pods created with kubectl, through
+/// the emulator's extender) does not place them a second time between
+/// their creation and node-sim's Binding, now that the Nodes are not
+/// tainted. The plugin and HAMi's usage do not read it.
+pub const OWN_SCHEDULER: &str = "node-sim";
+
 /// How long kubelet gets to admit and start a pod.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -210,8 +218,8 @@ async fn filter(
         .place(register.as_deref(), &pods, &pod.manifest, policy)
 }
 
-/// Bind: the pod with HAMi's annotations (for HAMi's scheduler, so
-/// kube-scheduler leaves it alone), its pod cgroup on the fake host (made
+/// Bind: the pod with HAMi's annotations (for [`OWN_SCHEDULER`], so that
+/// no kube-scheduler places it), its pod cgroup on the fake host (made
 /// by kubelet on a real node; kubelet here runs without per-pod cgroups),
 /// the node lock when an app container asks for AMD GPUs (once it is free
 /// when `patient`), the Binding. The pod cgroup's path, unless the example
@@ -226,7 +234,7 @@ async fn bind(
     let now = unix_now();
     let mut manifest = pod.manifest.clone();
     manifest["metadata"]["namespace"] = json!(pod.namespace);
-    manifest["spec"]["schedulerName"] = json!(SCHEDULER_NAME);
+    manifest["spec"]["schedulerName"] = json!(OWN_SCHEDULER);
     for (key, value) in node.hami.bind_annotations(&placement.grants, now) {
         manifest["metadata"]["annotations"][key] = json!(value);
     }
@@ -372,7 +380,7 @@ async fn unschedulable(
 ) -> Result<(), String> {
     let mut manifest = pod.manifest.clone();
     manifest["metadata"]["namespace"] = json!(pod.namespace);
-    manifest["spec"]["schedulerName"] = json!(SCHEDULER_NAME);
+    manifest["spec"]["schedulerName"] = json!(OWN_SCHEDULER);
     let object: Pod = serde_json::from_value(manifest).map_err(|e| e.to_string())?;
     let pods: Api<Pod> = Api::namespaced(session.client.clone(), &pod.namespace);
     pods.create(&PostParams::default(), &object)
