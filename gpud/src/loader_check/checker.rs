@@ -9,9 +9,17 @@
 //! inspection goes on (until [`CheckerConfig::budget`]) and fills the
 //! cache, and kubelet's next attempt to start the container gets the
 //! answer at once.
+//!
+//! What one image can cost the others is bounded (issue 38, F3): a failed
+//! inspection is cached by digest like a finding (for
+//! [`CheckerConfig::failure_ttl`]), the text kept and answered is capped
+//! ([`cache::MAX_EVIDENCE`]), and one tenant holds at most
+//! [`CheckerConfig::per_tenant`] of the [`CheckerConfig::at_once`] slots.
+
+mod cache;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
@@ -27,8 +35,7 @@ use super::{
     reference::{self, ReferenceError},
 };
 
-/// Findings kept (one per image digest).
-const CACHED: usize = 512;
+use cache::Cache;
 
 /// How the check runs.
 #[derive(Debug, Clone)]
@@ -39,6 +46,12 @@ pub struct CheckerConfig {
     pub budget: Duration,
     /// Inspections running at once; more are refused as busy.
     pub at_once: usize,
+    /// Inspections one tenant may run at once; more are refused as busy
+    /// while other tenants still get the slots left.
+    pub per_tenant: usize,
+    /// How long a failed inspection is answered from the cache before the
+    /// image is inspected again.
+    pub failure_ttl: Duration,
 }
 
 impl Default for CheckerConfig {
@@ -47,6 +60,11 @@ impl Default for CheckerConfig {
             answer_within: Duration::from_secs(20),
             budget: Duration::from_secs(600),
             at_once: 2,
+            // Half the slots: one tenant cannot take them all.
+            per_tenant: 1,
+            // The inspection budget: an image that failed costs at most
+            // one inspection in that time, a transient failure is retried.
+            failure_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -64,14 +82,25 @@ pub enum CheckError {
         "the inspection of {image} is still running after {waited:?}; it goes on, and a later call gets its answer"
     )]
     StillRunning { image: String, waited: Duration },
-    #[error("{running} image inspections are running already; try again later")]
-    TooMany { running: usize },
+    #[error("{running} image inspections are running already{} (at most {limit}); try again later", .tenant.as_ref().map(|t| format!(" for {t}")).unwrap_or_default())]
+    TooMany {
+        running: usize,
+        limit: usize,
+        /// The tenant whose share is full; `None`: the node's.
+        tenant: Option<String>,
+    },
     #[error("inspecting {image}: {why}")]
-    Failed { image: String, why: String },
+    Failed {
+        image: String,
+        /// The image's digest when its content is what failed: the
+        /// failure is then cached under it.
+        digest: Option<String>,
+        why: String,
+    },
 }
 
 impl CheckError {
-    fn of_inspection(image: &str, err: &InspectError) -> Self {
+    fn of_inspection(image: &str, digest: Option<&str>, err: &InspectError) -> Self {
         match err {
             InspectError::Source(SourceError::NotPresent { .. }) => {
                 Self::NotPresent(err.to_string())
@@ -79,22 +108,27 @@ impl CheckError {
             InspectError::Source(SourceError::NoRuntime { .. }) => Self::NoRuntime(err.to_string()),
             _ => Self::Failed {
                 image: image.to_owned(),
+                digest: digest.filter(|_| err.lasting()).map(str::to_owned),
                 why: err.to_string(),
             },
         }
     }
 }
 
+/// What the cache knows of a digest: its finding, or why it failed.
+pub type Known = Result<Finding, String>;
+
 /// One whole inspection of a normalised reference, on a blocking thread:
-/// `cached` gives the finding already known for a target digest.
+/// `cached` gives what is already known of a target digest.
 pub trait Inspect: Send + Sync + 'static {
     /// # Errors
-    /// [`CheckError`] naming the image.
+    /// [`CheckError`] naming the image; a failure of the image's content
+    /// names its digest ([`CheckError::Failed`]), to be cached.
     fn inspect(
         &self,
         image: &str,
         deadline: Instant,
-        cached: &dyn Fn(&str) -> Option<Finding>,
+        cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError>;
 }
 
@@ -113,48 +147,53 @@ impl Inspect for ContainerdInspect {
         &self,
         image: &str,
         deadline: Instant,
-        cached: &dyn Fn(&str) -> Option<Finding>,
+        cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError> {
-        let fail = |err: InspectError| CheckError::of_inspection(image, &err);
+        let fail = |err: InspectError| CheckError::of_inspection(image, None, &err);
         let handle = self.handle.clone();
         let mut source =
             ContainerdSource::connect(&self.socket, &self.namespace, handle, self.call_timeout)
                 .map_err(|e| fail(e.into()))?;
         let target = source.target(image).map_err(|e| fail(e.into()))?;
-        if let Some(found) = cached(&target.digest) {
-            return Ok(found);
+        match cached(&target.digest) {
+            Some(Ok(found)) => return Ok(found),
+            Some(Err(why)) => {
+                return Err(CheckError::Failed {
+                    image: image.to_owned(),
+                    digest: Some(target.digest),
+                    why,
+                });
+            }
+            None => {}
         }
         let limits = Limits {
             deadline,
             ..Limits::default()
         };
-        analyze::inspect_target(&mut source, &target, &Platform::host(), &limits).map_err(fail)
+        analyze::inspect_target(&mut source, &target, &Platform::host(), &limits)
+            .map_err(|e| CheckError::of_inspection(image, Some(&target.digest), &e))
     }
 }
 
 type Outcome = Result<Finding, CheckError>;
 
-/// The findings by digest, oldest first out.
-#[derive(Debug, Default)]
-struct Cache {
-    by_digest: HashMap<String, Finding>,
-    order: VecDeque<String>,
+/// An inspection running: its answer to come, and whose slot it holds.
+struct Running {
+    answer: watch::Receiver<Option<Outcome>>,
+    tenant: String,
 }
 
-impl Cache {
-    fn put(&mut self, found: &Finding) {
-        if self
-            .by_digest
-            .insert(found.digest.clone(), found.clone())
-            .is_none()
-        {
-            self.order.push_back(found.digest.clone());
-        }
-        while self.order.len() > CACHED {
-            if let Some(old) = self.order.pop_front() {
-                self.by_digest.remove(&old);
-            }
-        }
+/// The tenant an image is charged to when the caller names none: its
+/// registry and first path component (`docker.io/rocm`), the account that
+/// pushed it. The plugin does not pass the pod's namespace yet.
+#[must_use]
+pub fn tenant_of(image: &str) -> String {
+    let name = image.split('@').next().unwrap_or(image);
+    let mut parts = name.splitn(3, '/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(domain), Some(owner), Some(_)) => format!("{domain}/{owner}"),
+        (Some(domain), Some(_), None) => domain.to_owned(),
+        _ => name.to_owned(),
     }
 }
 
@@ -164,60 +203,97 @@ pub struct Checker<I: Inspect> {
     config: CheckerConfig,
     cache: Mutex<Cache>,
     /// Inspections running, by normalised reference.
-    running: Mutex<HashMap<String, watch::Receiver<Option<Outcome>>>>,
+    running: Mutex<HashMap<String, Running>>,
 }
 
 impl<I: Inspect> Checker<I> {
     pub fn new(inspect: I, config: CheckerConfig) -> Arc<Self> {
+        let cache = Cache::new(config.failure_ttl);
         Arc::new(Self {
             inspect: Arc::new(inspect),
             config,
-            cache: Mutex::default(),
+            cache: Mutex::new(cache),
             running: Mutex::default(),
         })
     }
 
-    /// The loader of image `reference` (as a pod spec names it).
+    /// The loader of image `reference` (as a pod spec names it), charged
+    /// to the tenant [`tenant_of`] the image.
     ///
     /// # Errors
     /// [`CheckError`]; `StillRunning` when the answer is not there in time.
     pub async fn check(self: &Arc<Self>, reference: &str) -> Result<Finding, CheckError> {
         let image = reference::normalize(reference)?;
-        let mut answer = self.join_or_start(&image)?;
+        self.check_as(&tenant_of(&image), &image).await
+    }
+
+    /// The loader of image `reference`, its inspection charged to `tenant`
+    /// (e.g. the pod's namespace): a tenant holding
+    /// [`CheckerConfig::per_tenant`] inspections is answered `TooMany`.
+    ///
+    /// # Errors
+    /// [`CheckError`]; `StillRunning` when the answer is not there in time.
+    pub async fn check_as(
+        self: &Arc<Self>,
+        tenant: &str,
+        reference: &str,
+    ) -> Result<Finding, CheckError> {
+        let image = reference::normalize(reference)?;
+        let mut answer = self.join_or_start(tenant, &image)?;
         let waited = self.config.answer_within;
+        let failed = |why: &str| CheckError::Failed {
+            image: image.clone(),
+            digest: None,
+            why: why.to_owned(),
+        };
         match tokio::time::timeout(waited, answer.wait_for(Option::is_some)).await {
-            Ok(Ok(outcome)) => outcome.clone().unwrap_or_else(|| {
-                Err(CheckError::Failed {
-                    image: image.clone(),
-                    why: "no answer".into(),
-                })
-            }),
-            Ok(Err(_)) => Err(CheckError::Failed {
-                image,
-                why: "the inspection ended without an answer (it panicked?)".into(),
-            }),
+            Ok(Ok(outcome)) => outcome.clone().unwrap_or_else(|| Err(failed("no answer"))),
+            Ok(Err(_)) => Err(failed(
+                "the inspection ended without an answer (it panicked?)",
+            )),
             Err(_) => Err(CheckError::StillRunning { image, waited }),
         }
     }
 
-    fn join_or_start(
-        self: &Arc<Self>,
-        image: &str,
-    ) -> Result<watch::Receiver<Option<Outcome>>, CheckError> {
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(answer) = running.get(image) {
-            return Ok(answer.clone());
-        }
+    /// The slot `tenant` may take, or why not.
+    fn slot_for(&self, running: &HashMap<String, Running>, tenant: &str) -> Result<(), CheckError> {
         if running.len() >= self.config.at_once {
             return Err(CheckError::TooMany {
                 running: running.len(),
+                limit: self.config.at_once,
+                tenant: None,
             });
         }
+        let held = running.values().filter(|r| r.tenant == tenant).count();
+        if held >= self.config.per_tenant {
+            return Err(CheckError::TooMany {
+                running: held,
+                limit: self.config.per_tenant,
+                tenant: Some(tenant.to_owned()),
+            });
+        }
+        Ok(())
+    }
+
+    fn join_or_start(
+        self: &Arc<Self>,
+        tenant: &str,
+        image: &str,
+    ) -> Result<watch::Receiver<Option<Outcome>>, CheckError> {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = running.get(image) {
+            return Ok(r.answer.clone());
+        }
+        self.slot_for(&running, tenant)?;
         let (send, answer) = watch::channel(None);
-        running.insert(image.to_owned(), answer.clone());
+        let entry = Running {
+            answer: answer.clone(),
+            tenant: tenant.to_owned(),
+        };
+        running.insert(image.to_owned(), entry);
         let this = Arc::clone(self);
         let image = image.to_owned();
-        let span = info_span!("loader_check", image = %image);
+        let span = info_span!("loader_check", image = %image, tenant = %tenant);
         let task = async move {
             let work = Arc::clone(&this);
             let name = image.clone();
@@ -226,6 +302,7 @@ impl<I: Inspect> Checker<I> {
                 .unwrap_or_else(|e| {
                     Err(CheckError::Failed {
                         image: image.clone(),
+                        digest: None,
                         why: format!("the inspection thread failed: {e}"),
                     })
                 });
@@ -239,22 +316,22 @@ impl<I: Inspect> Checker<I> {
         Ok(answer)
     }
 
-    /// One inspection, on the blocking thread; a finding joins the cache.
+    /// One inspection, on the blocking thread; a finding, or a failure of
+    /// the image's content, joins the cache, its text capped.
     fn inspect_now(&self, image: &str) -> Outcome {
         let started = Instant::now();
         let cached = |digest: &str| {
             let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            cache.by_digest.get(digest).cloned()
+            cache.get(digest)
         };
         let outcome = self
             .inspect
             .inspect(image, started + self.config.budget, &cached);
-        match &outcome {
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
             Ok(found) => {
-                self.cache
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .put(found);
+                let found = cache::capped(found);
+                cache.put(&found);
                 info!(
                     digest = %found.digest,
                     loader = ?found.loader,
@@ -262,10 +339,26 @@ impl<I: Inspect> Checker<I> {
                     "image inspected: {}",
                     found.evidence
                 );
+                Ok(found)
             }
-            Err(err) => warn!("image inspection failed: {err}"),
+            Err(CheckError::Failed {
+                image,
+                digest,
+                mut why,
+            }) => {
+                cache::cap_text(&mut why);
+                if let Some(digest) = &digest {
+                    cache.put_failure(digest, &why);
+                }
+                let err = CheckError::Failed { image, digest, why };
+                warn!("image inspection failed: {err}");
+                Err(err)
+            }
+            Err(err) => {
+                warn!("image inspection failed: {err}");
+                Err(err)
+            }
         }
-        outcome
     }
 }
 

@@ -144,6 +144,23 @@ pub enum InspectError {
 }
 
 impl InspectError {
+    /// Whether the image's content is what failed, so that inspecting it
+    /// again would fail again (until the deadline's or a bound's reason
+    /// changes): such failures are cached. The store's own failures (the
+    /// image or a blob not there, containerd not answering) are not.
+    #[must_use]
+    pub fn lasting(&self) -> bool {
+        !matches!(
+            self,
+            Self::Source(
+                SourceError::NotPresent { .. }
+                    | SourceError::NoRuntime { .. }
+                    | SourceError::MissingBlob { .. }
+                    | SourceError::Rpc { .. }
+            )
+        )
+    }
+
     /// A short label for metrics.
     #[must_use]
     pub fn reason(&self) -> &'static str {

@@ -28,7 +28,7 @@ impl Inspect for Fake {
         &self,
         image: &str,
         _deadline: Instant,
-        cached: &dyn Fn(&str) -> Option<Finding>,
+        cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.seen.lock().unwrap().push(image.to_owned());
@@ -37,11 +37,34 @@ impl Inspect for Fake {
         if image.contains("absent") {
             return Err(CheckError::NotPresent(format!("{image} is not there")));
         }
-        let digest = format!("sha256:{}", image.len());
-        if let Some(found) = cached(&digest) {
-            return Ok(found);
+        let digest = format!("sha256:{image}");
+        let failed = |why: String| CheckError::Failed {
+            image: image.to_owned(),
+            digest: Some(digest.clone()),
+            why,
+        };
+        match cached(&digest) {
+            Some(Ok(found)) => return Ok(found),
+            Some(Err(why)) => return Err(failed(why)),
+            None => {}
         }
         self.analyses.fetch_add(1, Ordering::SeqCst);
+        let long = |c: &str| c.repeat(1 << 20);
+        if image.contains("bomb") {
+            let why = if image.contains("verbose") {
+                long("w")
+            } else {
+                "the image exceeds the loader check's max_layer_bytes".to_owned()
+            };
+            return Err(failed(why));
+        }
+        if image.contains("verbose") {
+            return Ok(Finding {
+                digest,
+                loader: Loader::Unknown { why: long("u") },
+                evidence: long("e"),
+            });
+        }
         Ok(Finding {
             digest,
             loader: Loader::Musl,
@@ -123,12 +146,19 @@ async fn a_slow_inspection_answers_still_running_and_fills_the_cache() {
 async fn inspections_at_once_are_bounded() {
     within(async {
         let checker = Checker::new(Fake::default(), quick());
-        for image in ["a", "b"] {
+        for image in ["x/a", "y/b"] {
             let err = checker.check(image).await.unwrap_err();
             assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
         }
-        let err = checker.check("c").await.unwrap_err();
-        assert_eq!(err, CheckError::TooMany { running: 2 });
+        let err = checker.check("z/c").await.unwrap_err();
+        assert_eq!(
+            err,
+            CheckError::TooMany {
+                running: 2,
+                limit: 2,
+                tenant: None
+            }
+        );
         let (open, turned) = &*checker.inspect.gate;
         *open.lock().unwrap() = true;
         turned.notify_all();
@@ -137,7 +167,7 @@ async fn inspections_at_once_are_bounded() {
 }
 
 #[tokio::test]
-async fn failures_are_not_cached_and_bad_references_start_nothing() {
+async fn absent_images_are_not_cached_and_bad_references_start_nothing() {
     within(async {
         let checker = Checker::new(Fake::open(), quick());
         for _ in 0..2 {
@@ -152,17 +182,187 @@ async fn failures_are_not_cached_and_bad_references_start_nothing() {
     .await;
 }
 
+/// Issue 38, F3: a failing image (a zero bomb cost 39 s of CPU each time)
+/// is inspected once; later starts get the cached failure, by digest.
+#[tokio::test]
+async fn a_failing_image_is_inspected_once() {
+    within(async {
+        let checker = Checker::new(Fake::open(), quick());
+        let first = checker.check("evil/bomb").await.unwrap_err();
+        let CheckError::Failed { digest, why, .. } = &first else {
+            panic!("{first}")
+        };
+        assert_eq!(digest.as_deref(), Some("sha256:docker.io/evil/bomb:latest"));
+        assert!(why.contains("max_layer_bytes"), "{why}");
+        let again = checker.check("evil/bomb").await.unwrap_err();
+        assert_eq!(again, first);
+        assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 1);
+
+        // Past its time to live, a failure is inspected again.
+        let config = CheckerConfig {
+            failure_ttl: Duration::ZERO,
+            ..quick()
+        };
+        let checker = Checker::new(Fake::open(), config);
+        for _ in 0..2 {
+            checker.check("evil/bomb").await.unwrap_err();
+        }
+        assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 2);
+    })
+    .await;
+}
+
+/// Issue 38, F3: the text an image makes is capped where it is kept and
+/// answered (3.9 MB of evidence was seen for one image).
+#[tokio::test]
+async fn evidence_and_reasons_are_capped() {
+    within(async {
+        let checker = Checker::new(Fake::open(), quick());
+        let found = checker.check("verbose").await.unwrap();
+        assert!(
+            found.evidence.len() <= cache::MAX_EVIDENCE,
+            "{}",
+            found.evidence.len()
+        );
+        assert!(
+            found.evidence.ends_with(" [... 1048576 bytes cut]"),
+            "{}",
+            found.evidence
+        );
+        assert!(found.evidence.starts_with("eee"));
+        let Loader::Unknown { why } = &found.loader else {
+            panic!("{:?}", found.loader)
+        };
+        assert!(why.len() <= cache::MAX_EVIDENCE && why.ends_with("bytes cut]"));
+        assert_eq!(
+            checker.check("verbose").await.unwrap(),
+            found,
+            "cached capped"
+        );
+        let err = checker.check("verbose-bomb").await.unwrap_err();
+        let CheckError::Failed { why, .. } = &err else {
+            panic!("{err}")
+        };
+        assert!(why.len() <= cache::MAX_EVIDENCE && why.ends_with("bytes cut]"));
+    })
+    .await;
+}
+
 #[test]
-fn the_cache_keeps_the_newest_findings() {
-    let mut cache = Cache::default();
-    for i in 0..=CACHED {
+fn a_cut_keeps_whole_characters() {
+    let mut text = "\u{e9}".repeat(cache::MAX_EVIDENCE);
+    cache::cap_text(&mut text);
+    assert!(text.len() <= cache::MAX_EVIDENCE);
+    assert!(text.ends_with(" [... 2048 bytes cut]"), "{text}");
+    let mut short = "fine".to_owned();
+    cache::cap_text(&mut short);
+    assert_eq!(short, "fine");
+}
+
+fn release(checker: &Checker<Fake>) {
+    let (open, turned) = &*checker.inspect.gate;
+    *open.lock().unwrap() = true;
+    turned.notify_all();
+}
+
+/// Opens the gate when dropped, so that a failed assertion does not leave
+/// the runtime waiting for the inspections behind it.
+struct Opens(Arc<Checker<Fake>>);
+
+impl Drop for Opens {
+    fn drop(&mut self) {
+        release(&self.0);
+    }
+}
+
+/// Issue 38, F3: a tenant holding its share of the slots is answered busy
+/// while another tenant still gets one; the node's bound holds over all.
+#[tokio::test]
+async fn a_tenant_holding_its_share_is_busy_while_another_gets_a_slot() {
+    within(async {
+        let checker = Checker::new(Fake::default(), quick());
+        let _opens = Opens(Arc::clone(&checker));
+        let err = checker.check_as("ns-a", "a/one").await.unwrap_err();
+        assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
+        let err = checker.check_as("ns-a", "a/two").await.unwrap_err();
+        assert_eq!(
+            err,
+            CheckError::TooMany {
+                running: 1,
+                limit: 1,
+                tenant: Some("ns-a".to_owned())
+            }
+        );
+        assert!(err.to_string().contains("for ns-a"), "{err}");
+        let err = checker.check_as("ns-b", "b/one").await.unwrap_err();
+        assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
+        // Joining an inspection running already takes no slot.
+        let err = checker.check_as("ns-a", "b/one").await.unwrap_err();
+        assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
+        let err = checker.check_as("ns-c", "c/one").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CheckError::TooMany {
+                    running: 2,
+                    limit: 2,
+                    tenant: None
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(checker.inspect.calls.load(Ordering::SeqCst), 2);
+    })
+    .await;
+}
+
+/// Without a tenant named, an image is charged to its registry account.
+#[tokio::test]
+async fn one_account_cannot_hold_every_slot() {
+    within(async {
+        let checker = Checker::new(Fake::default(), quick());
+        let _opens = Opens(Arc::clone(&checker));
+        let err = checker.check("evil/slow1").await.unwrap_err();
+        assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
+        let err = checker.check("evil/slow2").await.unwrap_err();
+        assert!(
+            matches!(&err, CheckError::TooMany { tenant: Some(t), .. } if t == "docker.io/evil"),
+            "{err}"
+        );
+        let err = checker.check("rocm/pytorch").await.unwrap_err();
+        assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
+    })
+    .await;
+}
+
+#[test]
+fn tenants_of_images() {
+    assert_eq!(tenant_of("docker.io/rocm/pytorch:latest"), "docker.io/rocm");
+    assert_eq!(tenant_of("ghcr.io/a/b/c:1"), "ghcr.io/a");
+    assert_eq!(tenant_of("localhost/app:latest"), "localhost");
+    assert_eq!(tenant_of("docker.io/x/y@sha256:0123"), "docker.io/x");
+}
+
+#[test]
+fn the_cache_keeps_the_newest_findings_and_failures_apart() {
+    let mut cache = Cache::new(Duration::from_secs(600));
+    for i in 0..=cache::CACHED {
         cache.put(&Finding {
             digest: format!("sha256:{i}"),
             loader: Loader::Static,
             evidence: String::new(),
         });
     }
-    assert_eq!(cache.by_digest.len(), CACHED);
-    assert!(!cache.by_digest.contains_key("sha256:0"));
-    assert!(cache.by_digest.contains_key(&format!("sha256:{CACHED}")));
+    assert_eq!(cache.findings(), cache::CACHED);
+    assert!(cache.get("sha256:0").is_none());
+    assert!(cache.get(&format!("sha256:{}", cache::CACHED)).is_some());
+    for i in 0..=cache::FAILURES_CACHED {
+        cache.put_failure(&format!("sha256:bad{i}"), "why");
+    }
+    assert_eq!(cache.failures(), cache::FAILURES_CACHED);
+    assert_eq!(cache.findings(), cache::CACHED, "failures evict no finding");
+    assert_eq!(
+        cache.get(&format!("sha256:bad{}", cache::FAILURES_CACHED)),
+        Some(Err("why".to_owned()))
+    );
 }
