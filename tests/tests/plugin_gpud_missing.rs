@@ -83,6 +83,8 @@ fn plugin(s: &Scene, uid: Option<&str>) -> Process {
         .args(["--node-name", NODE, "--sandbox", "off"])
         .args(["--gpud-unreachable-after", GRACE_SECS])
         .args(["--metrics-address", &s.metrics.to_string()])
+        // Its tests run side by side: no two plugins on the default probe port.
+        .args(["--probe-address", "none"])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
     Process(command.spawn().unwrap())
