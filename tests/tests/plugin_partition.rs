@@ -177,6 +177,20 @@ async fn cpx_node() {
         .collect();
     assert_eq!(paths.len(), 3, "{paths:?}");
     assert_eq!(paths[0], "/dev/kfd");
+    // A share of a partition (the Go plugin's vLLM example asks
+    // `amd.com/gpucores: 64`): still the whole partition, no mask, no hook.
+    let share = allocate(&w, "part-share", &[(&w.gpus[4], 8192, 24)], 603).await;
+    assert!(
+        !share.envs.contains_key("HSA_CU_MASK")
+            && !share.envs.contains_key("LD_AUDIT")
+            && !share
+                .envs
+                .keys()
+                .any(|k| k.starts_with("HIP_DEVICE_MEMORY_LIMIT")),
+        "{:?}",
+        share.envs
+    );
+    assert!(share.mounts.is_empty());
     // Two partitions in one container, by container-local index.
     let two = allocate(
         &w,

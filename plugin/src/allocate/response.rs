@@ -64,7 +64,10 @@ pub(crate) fn slice(
         .ok_or_else(|| SliceError::NoCuState {
             gpu: device.uuid.clone(),
         })?;
-    let whole_cus = device.usedcores >= gpu.compute_units;
+    // A compute partition is allocated whole, whatever share of it HAMi
+    // granted: no CU mask and no memory hook (the partition is the slice;
+    // docs/hami-protocol.md §1.6). Its VRAM cap still follows the grant.
+    let whole_cus = device.usedcores >= gpu.compute_units || gpu.is_partition();
     // A whole GPU is claimed whole too: HAMi's usage count can miss a pod
     // (docs/hami-protocol.md §4.2), so neither side may take the other's CUs.
     let claimed = if whole_cus && gpu.compute_units == 0 {
@@ -101,7 +104,7 @@ pub(crate) fn slice(
             cu_count: gpu.compute_units,
             cus_per_wgp: gpu.cus_per_wgp,
             cus: (!whole_cus).then(|| claimed.clone()),
-            memory_mib: (memory > 0 && memory < vram_mib).then_some(memory),
+            memory_mib: (!gpu.is_partition() && memory > 0 && memory < vram_mib).then_some(memory),
         },
         claimed,
         card_minor: first.and_then(|p| u32::try_from(p.card_minor).ok()),
