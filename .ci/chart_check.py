@@ -812,7 +812,7 @@ BAD_VALUES = [
     {"dp": {"muslFailClosed": {"enabled": "no"}}},
     {"dp": {"dmemBackend": "yes"}},
     {"dp": {"operatingMode": "Partition"}},
-    {"dp": {"computePartition": "cpx"}},
+    {"dp": {"computePartition": "cpx4"}},
     {"dp": {"sandbox": "maybe"}},
     {"dp": {"cdi": {"enabled": "true"}}},
     {"dp": {"metrics": {"port": 80}}},
