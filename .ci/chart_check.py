@@ -400,6 +400,7 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "AMDGPU_DP_ANNOTATIONS_PROTECTED":
             "true" if values["validatingAdmissionPolicy"]["enabled"] else "false",
         "AMDGPU_DP_HEALTH_PULSE": str(dp["healthPulse"]),
+        "AMDGPU_DP_HIP_LOG_LEVEL": str(dp.get("hipLogLevel", 0)),
         "OPERATING_MODE": dp["operatingMode"],
         **({"COMPUTE_PARTITION": dp["computePartition"]} if dp["computePartition"] else {}),
         "AMDGPU_DP_SANDBOX": dp["sandbox"],
@@ -813,6 +814,7 @@ BAD_VALUES = [
     {"dp": {"dmemBackend": "yes"}},
     {"dp": {"operatingMode": "Partition"}},
     {"dp": {"computePartition": "cpx4"}},
+    {"dp": {"hipLogLevel": 5}},
     {"dp": {"sandbox": "maybe"}},
     {"dp": {"cdi": {"enabled": "true"}}},
     {"dp": {"metrics": {"port": 80}}},

@@ -134,6 +134,11 @@ pub(crate) struct Cli {
     /// refused.
     #[arg(long, env = "AMDGPU_DP_LOADER_CHECK", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
     pub(crate) loader_check: bool,
+    /// `LIBHIP_LOG_LEVEL` of the containers that load the memory hook (1
+    /// error, 2 warn, 3 info, 4 debug), as the Go plugin's `hipLogLevel`; 0
+    /// keeps the hook's own default.
+    #[arg(long, env = "AMDGPU_DP_HIP_LOG_LEVEL", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=4), value_name = "0-4")]
+    pub(crate) hip_log_level: u8,
     /// Host directory under which amd-gpud stages each container's hook
     /// (its `<state>/loader-hook`), as Allocate names it in the mounts.
     #[arg(
@@ -384,5 +389,18 @@ mod tests {
             .find(|a| a.get_long() == Some("probe-address"))
             .and_then(clap::Arg::get_env);
         assert_eq!(env, Some(std::ffi::OsStr::new("AMDGPU_DP_PROBE_ADDRESS")));
+    }
+
+    #[test]
+    fn hip_log_level() {
+        assert_eq!(Cli::parse_from(["x"]).hip_log_level, 0);
+        let cli = Cli::parse_from(["x", "--hip-log-level", "4"]);
+        assert_eq!(cli.hip_log_level, 4);
+        let err = Cli::try_parse_from(["x", "--hip-log-level", "5"]).unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("'5'") && err.contains("--hip-log-level"),
+            "{err}"
+        );
     }
 }

@@ -294,6 +294,7 @@ fn start_kube(
         pod_resources: cli.pod_resources(),
         annotations_protected: cli.annotations_protected,
         staged_hooks: cli.loader_check.then(|| cli.loader_hook_root.clone()),
+        hip_log_level: cli.hip_log_level,
     };
     let allocator = Arc::new(allocate::Allocator::new(
         client.clone(),

@@ -200,6 +200,7 @@ mod tests {
             pod_resources: None,
             annotations_protected: false,
             staged_hooks: None,
+            hip_log_level: 0,
         };
         let (_, snapshots) = watch::channel(Snapshot::default());
         let caches = Caches::from_stores("n", nodes, pods);

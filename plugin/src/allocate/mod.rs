@@ -70,6 +70,9 @@ pub(crate) struct AllocateConfig {
     /// With the loader check (`--loader-check`): the host directory under
     /// which amd-gpud stages each container's hook (`--loader-hook-root`).
     pub(crate) staged_hooks: Option<PathBuf>,
+    /// `LIBHIP_LOG_LEVEL` for containers with the hook; 0: not set
+    /// (`--hip-log-level`).
+    pub(crate) hip_log_level: u8,
 }
 
 /// Serialised Allocate over the caches.

@@ -161,6 +161,10 @@ pub(crate) fn build(
             return Err(ResponseError::HookMissing { hook });
         }
         envs.insert("LD_AUDIT".to_owned(), HOOK_IN_CONTAINER.to_owned());
+        if config.hip_log_level > 0 {
+            let level = config.hip_log_level.to_string();
+            envs.insert("LIBHIP_LOG_LEVEL".to_owned(), level);
+        }
         mounts.push(match staged {
             // The directory, so that what amd-gpud puts in it (or not)
             // before CreateContainer is what the container sees.
@@ -196,4 +200,56 @@ pub(crate) fn build(
         annotations: HashMap::new(),
         cdi_devices,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(cus: Option<Vec<Range<u32>>>) -> Slice {
+        Slice {
+            id: "GPU-A".into(),
+            env: GpuSlice {
+                rocr_uuid: Some("GPU-0123456789abcdef".into()),
+                kfd_node: 2,
+                cu_count: 304,
+                cus_per_wgp: 1,
+                cus,
+                memory_mib: None,
+            },
+            claimed: vec![0..304],
+            card_minor: Some(0),
+            render_minor: Some(128),
+            cdi_name: None,
+        }
+    }
+
+    fn config(hook_dir: &Path, hip_log_level: u8) -> AllocateConfig {
+        AllocateConfig {
+            dev_dir: "/dev".into(),
+            hook_dir: hook_dir.to_owned(),
+            resource_name: "amd.com/gpu".into(),
+            cdi: false,
+            pod_resources: None,
+            annotations_protected: false,
+            staged_hooks: None,
+            hip_log_level,
+        }
+    }
+
+    /// The Go chart's `hipLogLevel`: `LIBHIP_LOG_LEVEL` for the containers
+    /// that load the hook, and only when set.
+    #[test]
+    fn the_hook_log_level_goes_with_the_hook() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(HOOK_FILE), b"hook").unwrap();
+        let level = |slices: &[Slice], level| {
+            let answer = build(slices, &config(dir.path(), level), None).unwrap();
+            answer.envs.get("LIBHIP_LOG_LEVEL").cloned()
+        };
+        let sliced = [slice(Some(vec![0..76]))];
+        assert_eq!(level(&sliced, 3).as_deref(), Some("3"));
+        assert_eq!(level(&sliced, 0), None, "0 keeps the hook's default");
+        assert_eq!(level(&[slice(None)], 4), None, "no hook, no level");
+    }
 }
