@@ -217,7 +217,7 @@ mod tests {
                 cus,
                 memory_mib: None,
             },
-            claimed: vec![0..304],
+            claimed: Vec::new(),
             card_minor: Some(0),
             render_minor: Some(128),
             cdi_name: None,
@@ -247,7 +247,7 @@ mod tests {
             let answer = build(slices, &config(dir.path(), level), None).unwrap();
             answer.envs.get("LIBHIP_LOG_LEVEL").cloned()
         };
-        let sliced = [slice(Some(vec![0..76]))];
+        let sliced = [slice(Some(std::iter::once(0..76).collect()))];
         assert_eq!(level(&sliced, 3).as_deref(), Some("3"));
         assert_eq!(level(&sliced, 0), None, "0 keeps the hook's default");
         assert_eq!(level(&[slice(None)], 4), None, "no hook, no level");
