@@ -14,7 +14,9 @@ mod common;
 
 use std::{collections::BTreeSet, process::Command, time::Duration};
 
-use common::examples::{admitted, containers, default_examples, gpus, pod_named, sliced};
+use common::examples::{
+    EXAMPLE_PODS, admitted, containers, default_examples, gpus, pod_named, pod_names, sliced,
+};
 use serde_json::Value;
 use tests::node_sim::report::id_ranges;
 
@@ -285,21 +287,7 @@ fn all_at_once_binds_every_example_before_admitting_any() {
     let (code, stdout, stderr) = node_sim(&["--json", "--all-at-once"]);
     assert_eq!(code, 0, "node-sim failed:\n{stderr}");
     let report: Value = serde_json::from_str(&stdout).unwrap();
-    let names: Vec<&str> = report["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    let all = [
-        "quarter-gpu",
-        "two-gpus",
-        "two-containers",
-        "whole-gpu",
-        "too-big",
-        "partition",
-    ];
-    assert_eq!(names, all);
+    assert_eq!(pod_names(&report), EXAMPLE_PODS);
     default_examples(&report);
     assert!(
         stderr

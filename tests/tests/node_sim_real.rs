@@ -14,7 +14,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use common::examples::{containers, default_examples, pod_named};
+use common::examples::{EXAMPLE_PODS, containers, default_examples, pod_named, pod_names};
 use serde_json::Value;
 
 /// The first run builds the Kubernetes components (minutes).
@@ -218,21 +218,7 @@ fn all_at_once_every_example_goes_through_the_real_kubelet() {
         return;
     }
     let real = node_sim_json(&["--cluster", "real", "--all-at-once"]);
-    let names: Vec<&str> = real["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    let all = [
-        "quarter-gpu",
-        "two-gpus",
-        "two-containers",
-        "whole-gpu",
-        "too-big",
-        "partition",
-    ];
-    assert_eq!(names, all);
+    assert_eq!(pod_names(&real), EXAMPLE_PODS);
     default_examples(&real);
     assert_eq!(real["overlaps"], Value::Array(Vec::new()));
 }

@@ -16,6 +16,26 @@ pub fn default_examples(report: &Value) {
     occupancy(report);
 }
 
+/// The default examples' pods, in the order node-sim reports them.
+pub const EXAMPLE_PODS: [&str; 6] = [
+    "quarter-gpu",
+    "two-gpus",
+    "two-containers",
+    "whole-gpu",
+    "too-big",
+    "partition",
+];
+
+/// The names of the report's pods, in its order.
+pub fn pod_names(report: &Value) -> Vec<&str> {
+    report["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect()
+}
+
 pub fn pod_named<'a>(report: &'a Value, name: &str) -> &'a Value {
     report["pods"]
         .as_array()

@@ -241,21 +241,8 @@ async fn bind(
     if !placement.grants.is_empty() {
         manifest["metadata"]["labels"]["hami.io/vgpu-node"] = json!(node.name);
     }
-    let object: Pod = serde_json::from_value(manifest).map_err(|e| e.to_string())?;
+    let cgroup = create_with_cgroup(session, node, pod, manifest).await?;
     let pods: Api<Pod> = Api::namespaced(session.client.clone(), &pod.namespace);
-    let created = pods
-        .create(&PostParams::default(), &object)
-        .await
-        .map_err(|e| format!("creating the pod: {e}"))?;
-    let uid = created.metadata.uid.unwrap_or_default();
-    let cgroup = if pod.manifest["metadata"]["annotations"][POD_CGROUP_ANNOTATION] == "absent" {
-        None
-    } else {
-        let qos = qos_class(&pod.manifest);
-        let path = add_pod(&node.host.root, CgroupDriver::Systemd, qos, &uid)
-            .map_err(|e| format!("making the pod cgroup: {e}"))?;
-        Some(path)
-    };
     if placement.requests.iter().any(|r| !r.init) {
         let nodes: Api<Node> = Api::all(session.client.clone());
         if patient {
@@ -301,6 +288,31 @@ async fn lock_freed(nodes: &Api<Node>, node: &str) -> Result<(), String> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Creates `pod` as `manifest` says, and its pod cgroup on the node's fake
+/// host (kubelet makes it on a real node; here kubelet runs without
+/// per-pod cgroups), unless the example asks for none: the cgroup's path.
+pub(super) async fn create_with_cgroup(
+    session: &RealSession,
+    node: &RealNode,
+    pod: &ExamplePod,
+    manifest: Value,
+) -> Result<Option<PathBuf>, String> {
+    let object: Pod = serde_json::from_value(manifest).map_err(|e| e.to_string())?;
+    let pods: Api<Pod> = Api::namespaced(session.client.clone(), &pod.namespace);
+    let created = pods
+        .create(&PostParams::default(), &object)
+        .await
+        .map_err(|e| format!("creating the pod: {e}"))?;
+    let uid = created.metadata.uid.unwrap_or_default();
+    if pod.manifest["metadata"]["annotations"][POD_CGROUP_ANNOTATION] == "absent" {
+        return Ok(None);
+    }
+    let qos = qos_class(&pod.manifest);
+    add_pod(&node.host.root, CgroupDriver::Systemd, qos, &uid)
+        .map(Some)
+        .map_err(|e| format!("making the pod cgroup: {e}"))
 }
 
 /// How kubelet left the pod.

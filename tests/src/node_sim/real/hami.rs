@@ -11,21 +11,17 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, api::PostParams};
+use kube::Api;
 use serde_json::json;
 
-use super::{RealSession, node::RealNode};
+use super::{RealSession, admit::create_with_cgroup, node::RealNode};
 use crate::{
-    fixture::cgroup::{CgroupDriver, add_pod},
     hami_emulator::{
         Placement, SCHEDULER_NAME,
         filter::{ALLOCATED_KEY, decode_devices},
         request,
     },
-    node_sim::{
-        admit::qos_class,
-        pods::{ExamplePod, POD_CGROUP_ANNOTATION},
-    },
+    node_sim::pods::ExamplePod,
 };
 
 /// How long HAMi gets to bind or refuse a pod.
@@ -51,21 +47,10 @@ pub async fn schedule(
     manifest["metadata"]["namespace"] = json!(pod.namespace);
     manifest["spec"]["schedulerName"] = json!(SCHEDULER_NAME);
     manifest["spec"]["nodeSelector"]["kubernetes.io/hostname"] = json!(node.name);
-    let object: Pod = serde_json::from_value(manifest).map_err(|e| NotBound(e.to_string()))?;
-    let pods: Api<Pod> = Api::namespaced(session.client.clone(), &pod.namespace);
-    let created = pods
-        .create(&PostParams::default(), &object)
+    let cgroup = create_with_cgroup(session, node, pod, manifest)
         .await
-        .map_err(|e| NotBound(format!("creating the pod: {e}")))?;
-    let uid = created.metadata.uid.unwrap_or_default();
-    let cgroup = if pod.manifest["metadata"]["annotations"][POD_CGROUP_ANNOTATION] == "absent" {
-        None
-    } else {
-        let qos = qos_class(&pod.manifest);
-        let path = add_pod(&node.host.root, CgroupDriver::Systemd, qos, &uid)
-            .map_err(|e| NotBound(format!("making the pod cgroup: {e}")))?;
-        Some(path)
-    };
+        .map_err(NotBound)?;
+    let pods: Api<Pod> = Api::namespaced(session.client.clone(), &pod.namespace);
     let bound = wait_bound(&pods, &pod.name).await?;
     Ok((placement_of(&bound)?, cgroup))
 }
@@ -152,14 +137,15 @@ fn placement_of(pod: &Pod) -> Result<Placement, NotBound> {
             .collect(),
         None => Vec::new(),
     };
-    let (kept, dropped) = if grants.is_empty() {
-        (Vec::new(), requests.dropped)
+    // No grant: HAMi placed nothing, whatever the spec asks.
+    let kept = if grants.is_empty() {
+        Vec::new()
     } else {
-        (requests.kept, requests.dropped)
+        requests.kept
     };
     Ok(Placement {
         requests: kept,
         grants,
-        dropped,
+        dropped: requests.dropped,
     })
 }
