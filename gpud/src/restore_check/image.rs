@@ -3,7 +3,9 @@
 //!
 //! Framing: no CRIU magic; 8 bytes of payload length (a native `size_t`,
 //! little-endian on the x86-64 hosts CRIU supports here), then one proto2
-//! `criu_kfd` message. The length must equal the rest of the file.
+//! `criu_kfd` message. CRIU reads and unpacks exactly the announced length
+//! (checkpoint-restore/criu:plugins/amdgpu/amdgpu_plugin.c, the restore
+//! path's `read_fp` and `criu_kfd__unpack`): bytes after it are ignored.
 //!
 //! Versions: CRIU 3.17 through the newest (criu-dev after v4.2) write the
 //! same device entries; after v4.2 buffer-object entries gained a required
@@ -67,6 +69,8 @@ pub struct KfdImage {
     /// Nodes with a `gpu_id` whose entry also has `cpu_cores_count` set:
     /// CRIU reads such an entry as a CPU's and keeps none of its GPU values.
     pub gpus_read_as_cpus: Vec<u32>,
+    /// Bytes after the message the header announces (CRIU never reads them).
+    pub trailing_bytes: u64,
 }
 
 /// How CRIU reads the device entries of an image.
@@ -135,14 +139,6 @@ pub enum ImageError {
         announced: u64,
         actual: u64,
     },
-    #[error(
-        "{source_name}: {extra} bytes follow the {announced}-byte message the header announces"
-    )]
-    TrailingBytes {
-        source_name: String,
-        announced: u64,
-        extra: u64,
-    },
     #[error("{source_name}: a CRIU core image (magic {magic:#010x}), not an amdgpu plugin image")]
     CoreImage { source_name: String, magic: u32 },
     #[error("{source_name}: not a criu_kfd message: {source}")]
@@ -183,8 +179,9 @@ pub enum ImageError {
     },
 }
 
-/// The payload of a framed image, checked against its header.
-fn unframe<'b>(bytes: &'b [u8], source_name: &str) -> Result<&'b [u8], ImageError> {
+/// The payload of a framed image as CRIU reads it (the announced length),
+/// and the number of bytes after it.
+fn unframe<'b>(bytes: &'b [u8], source_name: &str) -> Result<(&'b [u8], u64), ImageError> {
     let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
     let (header, payload) = bytes
         .split_first_chunk::<8>()
@@ -194,8 +191,9 @@ fn unframe<'b>(bytes: &'b [u8], source_name: &str) -> Result<&'b [u8], ImageErro
         })?;
     let announced = u64::from_le_bytes(*header);
     let actual = len - 8;
-    if announced == actual && announced <= MAX_IMAGE_BYTES {
-        return Ok(payload);
+    if announced <= actual && actual <= MAX_IMAGE_BYTES {
+        let end = usize::try_from(announced).unwrap_or(payload.len());
+        return Ok((payload.get(..end).unwrap_or(payload), actual - announced));
     }
     let magic = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
     if CORE_MAGICS.contains(&magic) {
@@ -211,17 +209,11 @@ fn unframe<'b>(bytes: &'b [u8], source_name: &str) -> Result<&'b [u8], ImageErro
             size: announced.max(actual),
             limit: MAX_IMAGE_BYTES,
         }
-    } else if announced > actual {
+    } else {
         ImageError::Truncated {
             source_name: name,
             announced,
             actual,
-        }
-    } else {
-        ImageError::TrailingBytes {
-            source_name: name,
-            announced,
-            extra: actual - announced,
         }
     })
 }
@@ -242,7 +234,7 @@ pub fn frame(message: &impl Message) -> Vec<u8> {
 /// See [`ImageError`]: bad framing, a message that does not decode, or one
 /// that lacks what every supported CRIU version writes.
 pub fn parse(bytes: &[u8], source_name: &str) -> Result<KfdImage, ImageError> {
-    let payload = unframe(bytes, source_name)?;
+    let (payload, trailing_bytes) = unframe(bytes, source_name)?;
     let message = CriuKfd::decode(payload).map_err(|source| ImageError::Decode {
         source_name: source_name.to_owned(),
         source,
@@ -315,6 +307,7 @@ pub fn parse(bytes: &[u8], source_name: &str) -> Result<KfdImage, ImageError> {
             .zip(message.num_of_cpus)
             .map(|(g, c)| g.wrapping_add(c)),
         gpus_read_as_cpus,
+        trailing_bytes,
     })
 }
 
@@ -348,7 +341,8 @@ fn node(e: &KfdDeviceEntry) -> Result<Node, &'static str> {
         fw_version: req!(fw_version),
         capability: req!(capability),
         sdma_fw_version: req!(sdma_fw_version),
-        vram_public: req!(vram_public),
+        // CRIU keeps it in a bool (`tp_node.vram_public`): any non-zero is 1.
+        vram_public: u32::from(req!(vram_public) != 0),
         vram_size: req!(vram_size),
         domain: req!(domain),
         drm_render_minor: req!(drm_render_minor),

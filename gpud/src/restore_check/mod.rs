@@ -217,6 +217,13 @@ fn criu_view(image: &KfdImage, notes: &mut Vec<String>) -> (model::Topo, Option<
              entry, with every GPU value zero"
         ));
     }
+    if image.trailing_bytes > 0 {
+        notes.push(format!(
+            "{} bytes follow the message the image header announces: CRIU reads the \
+             announced length and never looks at them",
+            image.trailing_bytes
+        ));
+    }
     match image.format {
         ImageFormat::V3_17ToV4_2 => notes.push(
             "CRIU after 4.2 cannot read this image: its kfd_bo_entry requires a handle, \

@@ -153,6 +153,7 @@ pub(super) fn image(topo: Topo) -> KfdImage {
         bo_count: 0,
         header_entries: u32::try_from(topo.nodes.len()).ok(),
         gpus_read_as_cpus: Vec::new(),
+        trailing_bytes: 0,
         topo,
     }
 }

@@ -147,15 +147,41 @@ fn every_truncation_is_a_clear_error() {
     }
 }
 
+/// CRIU reads the length the header announces and unpacks that many bytes
+/// (checkpoint-restore/criu:plugins/amdgpu/amdgpu_plugin.c, restore path:
+/// `read_fp(img_fp, buf, img_size)`, `criu_kfd__unpack(NULL, img_size,
+/// buf)`): bytes after them are never read, and the image restores.
 #[test]
-fn oversized_and_padded_images_are_refused() {
-    let mut bytes = image::frame(&message(&topo(), 0));
-    bytes.extend_from_slice(&[0; 3]);
-    let err = image::parse(&bytes, "img").unwrap_err();
-    assert!(
-        matches!(err, ImageError::TrailingBytes { extra: 3, .. }),
-        "{err}"
+fn bytes_after_the_announced_message_are_ignored_as_criu_ignores_them() {
+    let t = topo();
+    let mut bytes = image::frame(&message(&t, 0));
+    bytes.extend_from_slice(b"junk");
+    let img = image::parse(&bytes, "img").unwrap();
+    assert_eq!(img.trailing_bytes, 4);
+    assert_eq!(
+        img.topo,
+        image::parse(&image::frame(&message(&t, 0)), "img")
+            .unwrap()
+            .topo
     );
+    for mode in [Mode::Criu, Mode::Explain] {
+        let request = Request {
+            mode,
+            ..Request::default()
+        };
+        let v = check(&img, &super::local(t.clone()), &request).unwrap();
+        assert_eq!(v.outcome, Outcome::Restorable, "{mode}");
+        assert_eq!(v.mapping.len(), t.gpu_count());
+        assert!(
+            v.notes.iter().any(|n| n.contains("4 bytes follow")),
+            "{:?}",
+            v.notes
+        );
+    }
+}
+
+#[test]
+fn oversized_images_are_refused() {
     let mut huge = (MAX_IMAGE_BYTES + 1).to_le_bytes().to_vec();
     huge.extend_from_slice(&[0; 16]);
     let err = image::parse(&huge, "img").unwrap_err();
@@ -368,4 +394,36 @@ fn verdicts_name_their_criu_and_what_newer_criu_cannot_read() {
     );
     let v = verdict(&message(&t, 0), &t, Mode::Criu);
     assert!(!v.notes.iter().any(|n| n.contains("after 4.2")));
+}
+
+/// CRIU copies an entry's `vram_public` (a uint32 in the image) into the
+/// bool `tp_node.vram_public` (checkpoint-restore/criu:plugins/amdgpu/
+/// amdgpu_plugin.c, `devinfo_to_topology`) and compares the bools
+/// (amdgpu_plugin_topology.c:1002): an image whose GPUs carry 1 and 2 has
+/// two public-VRAM GPUs, and restores onto two of them with the same
+/// mapping. Compared raw, 2 against 1 failed ("Failed to match remaining
+/// nodes").
+#[test]
+fn vram_public_is_read_as_the_bool_criu_keeps() {
+    let t = TopoBuilder::new().cpu(0).gpu(1, 0).gpu(2, 0).build();
+    let mut m = message(&t, 0);
+    m.device_entries[2].vram_public = Some(2);
+    let criu = verdict(&m, &t, Mode::Criu);
+    assert_eq!(criu.outcome, Outcome::Restorable, "{criu:#?}");
+    let pairs: Vec<(u32, u32)> = criu
+        .mapping
+        .iter()
+        .map(|p| (p.checkpoint_gpu, p.local_gpu))
+        .collect();
+    assert_eq!(pairs, [(0x1001, 0x1001), (0x1002, 0x1002)]);
+    assert!(verdict(&m, &t, Mode::Explain).restorable);
+    // Zero stays private: a real difference, refused by both.
+    m.device_entries[2].vram_public = Some(0);
+    let criu = verdict(&m, &t, Mode::Criu);
+    assert_eq!(
+        criu.reason.as_deref(),
+        Some("Failed to match remaining nodes")
+    );
+    let explain = verdict(&m, &t, Mode::Explain);
+    assert_eq!(explain.refusals[0].property, "vram_public");
 }
