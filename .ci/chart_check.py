@@ -6,9 +6,11 @@ bundles libhelm_c.so) lints and renders the chart, and kubernetes-validate
 checks every rendered object against the bundled OpenAPI schemas of concrete
 Kubernetes versions. No helm binary and no cluster.
 
-For the default values, for ci/all-features-values.yaml (every optional
-feature on), for the seed chart's spellings and for listed admission writers
-(POLICY_WRITERS), it checks:
+For the default values, for each ci/*-values.yaml (every optional feature
+on; HAMi's Go chart's default values and its documented uses, rendered
+unchanged: .ci/go_values_check.py says what more is checked of those), for
+the seed chart's spellings and for listed admission writers (POLICY_WRITERS),
+it checks:
   1. the values against values.schema.json, and `helm lint --strict`;
   2. every object, rendered for a cluster of each version in KUBE_VERSIONS,
      against that version's schemas (strict: unknown fields fail);
@@ -25,8 +27,9 @@ feature on), for the seed chart's spellings and for listed admission writers
      allowed are the hostPath volumes named in helm/amd-gpu/pss-exceptions.txt
      and root in its initContainer: entries (hookInstaller), and every name
      there must still be a hostPath volume or init container (no stale entry);
-  5. the opt-ins: hookInstaller and nodeInstaller off render nothing; on, the
-     hook-installer init container copies the hook into hostHookPath as root
+  5. the installers: dp.hookInstaller (on by default) renders the
+     hook-installer init container, which copies the hook from dp.image into
+     <dp.hostHookPath>/vgpu, where AMDGPU_DP_HOOK_PATH points, as root
      without capabilities, and the node installer's DaemonSet has exactly the
      privileges values.yaml names (privileged, hostPID, the host's /, root),
      a preStop that removes amd-gpud, and a selector disjoint from the plugin's;
@@ -59,6 +62,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import dashboard_check  # noqa: E402
+import go_values_check  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "amd-gpu"
@@ -356,6 +360,33 @@ EXPECTED_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
+# dp.reportNodeCapacity: the node's capacity and allocatable.
+NODE_STATUS_RULE = {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]}
+
+
+def expected_rules(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return EXPECTED_RULES + ([NODE_STATUS_RULE] if values["dp"].get("reportNodeCapacity") else [])
+
+
+def hook_dir(values: dict[str, Any]) -> str:
+    """<dp.hostHookPath>/vgpu: the Go chart's hostHookPath is a prefix."""
+    return values["dp"]["hostHookPath"].rstrip("/") + "/vgpu"
+
+
+def log_filter(dp: dict[str, Any]) -> str:
+    """dp.logLevel, else from the Go plugin's glog verbosity dp.logVerbosity."""
+    if dp.get("logLevel"):
+        return dp["logLevel"]
+    verbosity = dp.get("logVerbosity") or 2
+    return "info,plugin=trace" if verbosity >= 5 else "info,plugin=debug" if verbosity >= 3 else "info"
+
+
+def node_selector(values: dict[str, Any]) -> dict[str, str]:
+    """nodeSelector, with node_selector when node_selector_enabled (the Go chart's keys)."""
+    selector = dict(values.get("nodeSelector") or {})
+    if values.get("node_selector_enabled"):
+        selector.update(values.get("node_selector") or {})
+    return selector
 
 
 # Values as the seed (and HAMi's Go chart) documents them: accepted, and
@@ -406,8 +437,10 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "AMDGPU_DP_SANDBOX": dp["sandbox"],
         "AMDGPU_DP_METRICS_ADDRESS": f"0.0.0.0:{dp['metrics']['port']}",
         "AMDGPU_DP_PROBE_ADDRESS": f"0.0.0.0:{dp['probes']['port']}",
-        "AMDGPU_DP_LOG": dp["logLevel"],
-        "AMDGPU_DP_HOOK_PATH": values["hostHookPath"],
+        "AMDGPU_DP_LOG": log_filter(dp),
+        "AMDGPU_DP_HOOK_PATH": hook_dir(values),
+        **({"AMDGPU_DP_EXCLUDE_GPUS": ",".join(dp["excludeGPUs"])} if dp.get("excludeGPUs") else {}),
+        "AMDGPU_DP_REPORT_NODE_CAPACITY": "true" if dp.get("reportNodeCapacity") else "false",
         "AMDGPU_DP_KUBELET_DIR": f"{kubelet}/device-plugins",
         "AMDGPU_DP_POD_RESOURCES_SOCKET": f"{kubelet}/pod-resources/kubelet.sock",
         "AMDGPU_DP_BUS_ADDRESS": f"unix:path={values['dbusSocketDir']}/system_bus_socket",
@@ -515,10 +548,11 @@ def plugin_ds(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def check_hook_installer(values: dict[str, Any], spec: dict[str, Any]) -> None:
-    """hookInstaller: off renders no init container; on renders exactly the
-    copy into hostHookPath, as root without capabilities."""
+    """dp.hookInstaller: off renders no init container; on renders exactly the
+    copy from dp.image into <dp.hostHookPath>/vgpu, as root without
+    capabilities."""
     inits = spec.get("initContainers") or []
-    hook = values["hookInstaller"]
+    hook = values["dp"]["hookInstaller"]
     if not hook["enabled"]:
         check(not inits, "hookInstaller off: no init container")
         return
@@ -526,17 +560,17 @@ def check_hook_installer(values: dict[str, Any], spec: dict[str, Any]) -> None:
                  "hookInstaller on: one init container, hook-installer", str(inits)):
         return
     c = inits[0]
-    image = hook["image"]
-    want_image = f"{image['repository']}:{image['tag']}" if image["tag"] else image["repository"]
-    dst = f"{values['hostHookPath']}/libamvgpu.so"
+    image = values["dp"]["image"]
+    want_image = f"{image['repository']}:{image['tag'] or '0.0.1'}"
+    dst = f"{hook_dir(values)}/libamvgpu.so"
     check(c["image"] == want_image, f"hook-installer image {want_image}", c["image"])
     check(c.get("command", [])[:2] == ["sh", "-c"] and c["command"][3:] == [hook["sourcePath"], dst]
           and "mv -f" in c["command"][2],
           f"hook-installer copies {hook['sourcePath']} to {dst}, renaming over the old one",
           str(c.get("command")))
     mounts = c.get("volumeMounts") or []
-    check(mounts == [{"name": "vgpu-hook", "mountPath": values["hostHookPath"]}],
-          "hook-installer mounts only hostHookPath, read-write", str(mounts))
+    check(mounts == [{"name": "vgpu-hook", "mountPath": hook_dir(values)}],
+          "hook-installer mounts only <dp.hostHookPath>/vgpu, read-write", str(mounts))
     sc = c.get("securityContext") or {}
     check(sc.get("runAsUser") == 0 and sc.get("capabilities", {}).get("drop") == ["ALL"]
           and not sc.get("capabilities", {}).get("add") and sc.get("privileged") is False
@@ -655,8 +689,9 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     vap = values["validatingAdmissionPolicy"]["enabled"]
     netpol = values["networkPolicy"]["enabled"]
     installer = values["nodeInstaller"]["enabled"]
-    hook = values["hookInstaller"]["enabled"]
-    want = {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1,
+    hook = values["dp"]["hookInstaller"]["enabled"]
+    sa_created = values["dp"]["serviceAccount"]["create"]
+    want = {"ServiceAccount": 1 if sa_created else 0, "ClusterRole": 1, "ClusterRoleBinding": 1,
             "DaemonSet": 2 if installer else 1,
             "NetworkPolicy": 1 if netpol else 0,
             "ValidatingAdmissionPolicy": 4 if vap else 0,
@@ -675,12 +710,17 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     ds = plugin_ds(objects)
     template = ds["spec"]["template"]
     spec = template["spec"]
-    sa = one(objects, "ServiceAccount")["metadata"]["name"]
+    sa = values["dp"]["serviceAccount"]["name"] or ds["metadata"]["name"]
+    if sa_created:
+        account = one(objects, "ServiceAccount")["metadata"]
+        check(account["name"] == sa
+              and account.get("annotations", {}) == values["dp"]["serviceAccount"]["annotations"],
+              f"ServiceAccount {sa} with dp.serviceAccount's annotations")
     sa_user = f"system:serviceaccount:{NAMESPACE}:{sa}"
 
     # RBAC: exactly what the code needs, bound to the plugin's ServiceAccount.
     role = one(objects, "ClusterRole")
-    check(role["rules"] == EXPECTED_RULES, "ClusterRole has exactly the rules the plugin needs",
+    check(role["rules"] == expected_rules(values), "ClusterRole has exactly the rules the plugin needs",
           str(role["rules"]))
     binding = one(objects, "ClusterRoleBinding")
     check(binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -765,13 +805,21 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     check(template["metadata"]["labels"].get("hami.io/webhook") == "ignore",
           "pods carry hami.io/webhook=ignore (HAMi's webhook skips them)")
     check_ports(container, values)
+    check(spec.get("nodeSelector", {}) == node_selector(values),
+          "nodeSelector: nodeSelector, and node_selector when node_selector_enabled",
+          str(spec.get("nodeSelector")))
+    check(container.get("resources", {}) == (values["dp"]["resources"] or values["resources"]),
+          "resources: dp.resources, else resources", str(container.get("resources")))
+    check(ds["spec"].get("updateStrategy")
+          == (values["dp"]["updateStrategy"] or values["updateStrategy"]),
+          "updateStrategy: dp.updateStrategy, else updateStrategy", str(ds["spec"].get("updateStrategy")))
     mounts = {m["name"]: m for m in container.get("volumeMounts") or []}
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
     want_mounts = {
         "device-plugins": (f"{values['kubeletRootDir']}/device-plugins", False),
         "pod-resources": (f"{values['kubeletRootDir']}/pod-resources", True),
         "dbus": (values["dbusSocketDir"], True),
-        "vgpu-hook": (values["hostHookPath"], True),
+        "vgpu-hook": (hook_dir(values), True),
     }
     have_mounts = {
         name: (volumes.get(name, {}).get("hostPath", {}).get("path"), bool(m.get("readOnly")))
@@ -791,7 +839,7 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     check(not unexpected, "Pod Security restricted: no violation beyond pss-exceptions.txt",
           "; ".join(map(repr, unexpected)))
     if not hook:
-        # The init container exists only with hookInstaller.enabled.
+        # The init container exists only with dp.hookInstaller.enabled.
         stale = [name for name in stale if not name.startswith("initContainer:")]
     check(not stale, "pss-exceptions.txt has no stale entry", str(stale))
 
@@ -822,7 +870,17 @@ BAD_VALUES = [
     {"dp": {"probes": {"port": "9401"}}},
     {"dp": {"splitCount": -1}},
     {"runAsUser": 0},
-    {"hostHookPath": "usr/local/vgpu"},
+    {"hostHookPath": "/usr/local/vgpu"},
+    {"dp": {"hostHookPath": "usr/local"}},
+    {"dp": {"hostHookPath": "/usr/../local"}},
+    {"dp": {"excludeGPUs": ["gpu0"]}},
+    {"dp": {"excludeGPUs": "card1"}},
+    {"dp": {"reportNodeCapacity": "yes"}},
+    {"dp": {"logVerbosity": -1}},
+    {"dp": {"serviceAccount": {"bogus": 1}}},
+    {"dp": {"updateStrategy": {"type": "Recreate"}}},
+    {"node_selector_enabled": "yes"},
+    {"node_selector": {"a": 1}},
     {"kubeletRootDir": "/var/lib/../kubelet"},
     {"dbusSocketDir": "/run/dbus/"},
     {"validatingAdmissionPolicy": {"enabled": True, "mode": "warn"}},
@@ -837,8 +895,9 @@ BAD_VALUES = [
     {"networkPolicy": {"enabled": "yes", "metricsFrom": []}},
     {"securityContext": {"privileged": True}},
     {"hookInstaller": {"enabled": True}},
-    {"hookInstaller": {"sourcePath": "libamvgpu.so"}},
-    {"hookInstaller": {"bogus": 1}},
+    {"dp": {"hookInstaller": {"sourcePath": "libamvgpu.so"}}},
+    {"dp": {"hookInstaller": {"bogus": 1}}},
+    {"dp": {"image": {"repository": ""}}},
     {"nodeInstaller": {"enabled": "yes"}},
     {"nodeInstaller": {"image": {"repository": ""}}},
     {"nodeInstaller": {"privileged": False}},
@@ -963,18 +1022,19 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
     shrunk["spec"]["volumes"] = [v for v in shrunk["spec"]["volumes"] if v["name"] != "vgpu-hook"]
     stale = pss_verdict(shrunk, volumes_only)[2]
     check(stale == ["vgpu-hook"], "an exception whose volume was removed is reported stale")
-    stale = pss_verdict(template, exceptions)[2]
+    unhooked = plugin_ds(render(chart, {"dp": {"hookInstaller": {"enabled": False}}}))
+    stale = pss_verdict(unhooked["spec"]["template"], exceptions)[2]
     check(stale == ["initContainer:hook-installer"],
           "an initContainer: entry without that init container is reported stale", str(stale))
     unexpected = pss_verdict(template, [e for e in exceptions if e != "dbus"])[1]
     check(any(v.volume == "dbus" for v in unexpected),
           "a hostPath volume missing from the exceptions fails the check")
 
-    # The hook installer's exception: it covers root in that init container only.
-    hooked = plugin_ds(render(chart, {"hookInstaller": {
-        "enabled": True, "image": {"repository": "registry.example/hook"}}}))["spec"]["template"]
+    # The hook installer's exception (the installer is on by default): it
+    # covers root in that init container only.
+    hooked = template
     check(not pss_verdict(hooked, exceptions)[1],
-          "hookInstaller's init container passes with its pss-exceptions.txt entry")
+          "dp.hookInstaller's init container passes with its pss-exceptions.txt entry")
     unexpected = pss_verdict(hooked, [e for e in exceptions if not e.startswith("initContainer:")])[1]
     check({v.control for v in unexpected} == INIT_CONTAINER_ALLOWED,
           "without the entry, its root UID fails the check", str(unexpected))
@@ -987,10 +1047,10 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
     check(any(v.control == "restricted/runAsUser" for v in unexpected),
           "the entry does not let the plugin container run as root")
     try:
-        render(chart, {"hookInstaller": {"enabled": True, "image": {"repository": ""}}})
-        bad("hookInstaller renders without an image")
+        render(chart, {"dp": {"hookInstaller": {"enabled": True}, "image": {"repository": ""}}})
+        bad("dp.hookInstaller renders without an image")
     except (helm.HelmValuesError, helm.HelmRenderError):
-        ok("hookInstaller refuses to render without an image")
+        ok("dp.hookInstaller refuses to render without an image")
 
 
 def check_dashboard_configmap(objects: list[dict[str, Any]], values: dict[str, Any]) -> None:
@@ -1024,8 +1084,12 @@ def main() -> int:
         check(chart.metadata.get("apiVersion") == "v2" and chart.version == "0.1.0",
               "Chart.yaml: apiVersion v2, version 0.1.0")
         ds = check_value_set(chart, "defaults", None, exceptions)
-        features = yaml.safe_load((CHART / "ci" / "all-features-values.yaml").read_text())
-        check_value_set(chart, "all-features (ci/all-features-values.yaml)", features, exceptions)
+        for path in sorted((CHART / "ci").glob("*-values.yaml")):
+            overrides = yaml.safe_load(path.read_text())
+            name = path.relative_to(CHART)
+            check_value_set(chart, str(name), overrides, exceptions)
+            if path.name.startswith("go-"):
+                go_values_check.check(chart, str(name), overrides, check)
         check_value_set(chart, "the seed's spellings", SEED_SPELLINGS, exceptions)
         check_value_set(chart, "the admission policy's writers", POLICY_WRITERS, exceptions)
         dashboard_check.check_dashboard(check)

@@ -106,19 +106,54 @@ fn the_charts_account_changes_only_hami_annotations_of_its_node_and_its_pods() {
     });
 }
 
-/// The hostPath volumes `helm/amd-gpu/pss-exceptions.txt` allows (not its
-/// `initContainer:` entries: the hook installer is off by default).
-fn documented_exceptions() -> Vec<String> {
+/// What `helm/amd-gpu/pss-exceptions.txt` allows: the hostPath volumes, and
+/// the init containers that may run as root (its `initContainer:` entries:
+/// the hook installer, on by default), each sorted.
+fn documented_exceptions() -> (Vec<String>, Vec<String>) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../helm/amd-gpu/pss-exceptions.txt"
     );
-    std::fs::read_to_string(path)
+    let entries: Vec<String> = std::fs::read_to_string(path)
         .unwrap()
         .lines()
         .map(|l| l.split('#').next().unwrap_or_default().trim().to_owned())
-        .filter(|l| !l.is_empty() && !l.starts_with("initContainer:"))
-        .collect()
+        .filter(|l| !l.is_empty())
+        .collect();
+    let (inits, mut volumes): (Vec<String>, Vec<String>) = entries
+        .into_iter()
+        .partition(|e| e.starts_with("initContainer:"));
+    let mut inits: Vec<String> = inits
+        .iter()
+        .filter_map(|e| e.strip_prefix("initContainer:").map(str::to_owned))
+        .collect();
+    volumes.sort();
+    inits.sort();
+    (volumes, inits)
+}
+
+/// The names of `template`'s init containers, sorted.
+fn init_containers(template: &Value) -> Vec<String> {
+    let mut names: Vec<String> = template["spec"]["initContainers"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Whether one of PodSecurity's violations is root in a documented init
+/// container: `runAsNonRoot != true (container "x" must not set ...)` or
+/// `runAsUser=0 (container "x" must not set ...)`, naming only those.
+fn root_in(violation: &str, inits: &[String]) -> bool {
+    let root =
+        violation.starts_with("runAsNonRoot != true (") || violation.starts_with("runAsUser=0 (");
+    let named: Vec<&str> = violation.split('"').skip(1).step_by(2).collect();
+    root && !named.is_empty() && named.iter().all(|n| inits.iter().any(|i| i == n))
 }
 
 /// Creates the DaemonSet's pod as its controller would (bound to a node);
@@ -136,7 +171,8 @@ fn create_daemon_pod(cluster: &RealCluster, namespace: &str, template: &Value) -
 
 /// The chart applied server-side into a namespace that enforces Pod
 /// Security "restricted": the real admission refuses its pod for the
-/// hostPath volumes `pss-exceptions.txt` documents and nothing else, and
+/// hostPath volumes `pss-exceptions.txt` documents and root in the init
+/// container it documents (the hook installer), and nothing else, and
 /// admits it once they are taken out.
 #[test]
 fn under_restricted_pod_security_only_the_documented_host_paths_are_refused() {
@@ -175,13 +211,17 @@ fn under_restricted_pod_security_only_the_documented_host_paths_are_refused() {
             .filter(|v| v.get("hostPath").is_some())
             .filter_map(|v| v["name"].as_str())
             .collect();
-        let mut documented = documented_exceptions();
-        documented.sort();
+        let (documented, inits) = documented_exceptions();
         let mut sorted = host_paths.clone();
         sorted.sort_unstable();
         assert_eq!(
             sorted, documented,
             "the chart's hostPath volumes are the documented ones"
+        );
+        assert_eq!(
+            init_containers(template),
+            inits,
+            "the chart's init containers are the documented ones"
         );
         let quoted: Vec<String> = host_paths.iter().map(|n| format!("{n:?}")).collect();
         // PodSecurity's wording for the restricted volume-type control (the
@@ -190,7 +230,18 @@ fn under_restricted_pod_security_only_the_documented_host_paths_are_refused() {
             "restricted volume types (volumes {} use restricted volume type \"hostPath\")",
             quoted.join(", ")
         );
-        assert_eq!(violations, expected, "the only violations");
+        assert!(violations.contains(&expected), "{violations}");
+        // The rest: PodSecurity's other violations, each "<control> (<detail>)".
+        let rest = violations.replacen(&expected, "", 1);
+        let root: Vec<&str> = rest
+            .split("), ")
+            .map(|v| v.trim_matches(|c: char| c == ',' || c == ';' || c.is_whitespace()))
+            .filter(|v| !v.is_empty())
+            .collect();
+        assert!(
+            !inits.is_empty() && root.len() == 2 && root.iter().all(|v| root_in(v, &inits)),
+            "besides the volumes, only root in {inits:?}: {violations}"
+        );
 
         // Without those volumes (and their mounts) the same pod is admitted.
         let mut allowed = template.clone();
@@ -203,6 +254,11 @@ fn under_restricted_pod_security_only_the_documented_host_paths_are_refused() {
             .cloned()
             .collect();
         allowed["spec"]["volumes"] = json!(volumes);
+        // The hook installer mounts the hook's volume and runs as root.
+        allowed["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("initContainers");
         for container in allowed["spec"]["containers"].as_array_mut().unwrap() {
             let mounts: Vec<Value> = container["volumeMounts"]
                 .as_array()

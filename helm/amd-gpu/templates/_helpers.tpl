@@ -37,9 +37,61 @@ app.kubernetes.io/name: {{ include "amd-gpu.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* The plugin's ServiceAccount (one per release). */}}
+{{/*
+The plugin's ServiceAccount: dp.serviceAccount.name (the Go chart's key), else
+the full name. With dp.serviceAccount.create false the chart creates none and
+binds its RBAC to that existing account, which must then be named.
+*/}}
 {{- define "amd-gpu.serviceAccountName" -}}
-{{- include "amd-gpu.fullname" . -}}
+{{- $sa := .Values.dp.serviceAccount | default dict -}}
+{{- if and (hasKey $sa "create") (not $sa.create) (not $sa.name) -}}
+{{- fail "dp.serviceAccount.create is false: name the existing ServiceAccount in dp.serviceAccount.name (the plugin needs the chart's RBAC bound to it)" -}}
+{{- end -}}
+{{- default (include "amd-gpu.fullname" .) $sa.name -}}
+{{- end -}}
+
+{{/*
+The host directory of the memory hook: <dp.hostHookPath>/vgpu, the Go chart's
+place (its hostHookPath is a prefix).
+*/}}
+{{- define "amd-gpu.hookDir" -}}
+{{- printf "%s/vgpu" (trimSuffix "/" .Values.dp.hostHookPath) -}}
+{{- end -}}
+
+{{/*
+The hook installer's image: dp.image, HAMi's Go plugin image, which bundles
+the hook. An empty tag is the Go chart's own appVersion there; here 0.0.1,
+the Go plugin's release whose image this chart's default names.
+*/}}
+{{- define "amd-gpu.hookImage" -}}
+{{- printf "%s:%s" .Values.dp.image.repository (.Values.dp.image.tag | default "0.0.1" | toString) -}}
+{{- end -}}
+
+{{/*
+The DaemonSets' nodeSelector: nodeSelector, and node_selector when
+node_selector_enabled (HAMi's Go chart's keys).
+*/}}
+{{- define "amd-gpu.nodeSelector" -}}
+{{- $selector := deepCopy (.Values.nodeSelector | default dict) -}}
+{{- if .Values.node_selector_enabled -}}
+{{- $selector = merge (deepCopy (.Values.node_selector | default dict)) $selector -}}
+{{- end -}}
+{{- with $selector -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+AMDGPU_DP_LOG: dp.logLevel, else from dp.logVerbosity (the Go plugin's glog
+-v): up to 2 info, 3-4 the plugin's debug lines, 5 and more its trace lines.
+*/}}
+{{- define "amd-gpu.logFilter" -}}
+{{- if .Values.dp.logLevel -}}
+{{- .Values.dp.logLevel -}}
+{{- else -}}
+{{- $v := int (.Values.dp.logVerbosity | default 2) -}}
+{{- if ge $v 5 -}}info,plugin=trace{{- else if ge $v 3 -}}info,plugin=debug{{- else -}}info{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The user name the API server gives the ServiceAccount's tokens. */}}
