@@ -108,7 +108,8 @@ fn compute_partitions_are_whole_devices() {
 }
 
 /// The register annotation of the CPX node (64 partition devices, each
-/// naming its GPU, under HAMi's budget) and the GPUs' facts, once per GPU.
+/// naming its GPU, the GPU's facts in its first one, under HAMi's budget)
+/// and the CRIU facts, once per GPU.
 fn check_cpx_annotations(api: &FakeApiServer) {
     let devices = register(api);
     assert_eq!(devices.len(), 64);
@@ -123,33 +124,44 @@ fn check_cpx_annotations(api: &FakeApiServer) {
         ),
         (&json!(1), &json!(24576), &json!(38), &json!("cpx"))
     );
+    // The GPU's facts (the Go plugin's `partitionProfiles` and `xgmiPeers`)
+    // in its first entry only; each partition's own compute queues.
+    let info = &first["custominfo"];
+    let menu = info["partitionProfiles"].as_array().unwrap();
+    let types: Vec<&str> = menu.iter().map(|p| p["Type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["SPX", "DPX", "QPX", "CPX"]);
     assert_eq!(
-        first["custominfo"],
-        json!({"pciBDF": "0000:05:00.0", "gpuBDF": "0000:05:00.0", "partitionProfile": "cpx_nps1",
-               "rocrVisibleDevice": "index"})
+        menu[3],
+        json!({"ProfileIndex": 3, "Type": "CPX", "MemoryCaps": "NPS1",
+               "NumPartitions": 8, "XCCPerPartition": 1})
     );
+    let peers = info["xgmiPeers"].as_array().unwrap();
+    assert_eq!(peers.len(), 7, "{info}");
+    assert!(!peers.contains(&json!("0000:05:00.0")));
+    assert_eq!(
+        (&info["pciBDF"], &info["gpuBDF"], &info["partitionProfile"]),
+        (
+            &json!("0000:05:00.0"),
+            &json!("0000:05:00.0"),
+            &json!("cpx_nps1")
+        )
+    );
+    assert_eq!(info["rocrVisibleDevice"], "index");
+    assert!(info["computeQueues"].as_u64().unwrap() > 0, "{info}");
+    let second = &devices[1]["custominfo"];
+    assert!(second.get("partitionProfiles").is_none() && second.get("xgmiPeers").is_none());
+    assert_eq!(second["computeQueues"], info["computeQueues"]);
     assert_eq!(devices[9]["custominfo"]["gpuBDF"], "0000:15:00.0");
+    assert!(devices[8]["custominfo"].get("partitionProfiles").is_some());
     let (size, floor) = register_sizes(api);
     assert!(
         size < REGISTER_BUDGET,
         "register annotation {size} bytes for 64 partitions (floor {floor})"
     );
-    // The GPU's facts, once per GPU, keyed by its address.
+    // What has no place in the register (CRIU's facts), once per GPU.
     let gpus: Value = serde_json::from_str(&annotation(api, "hami.io/node-amd-gpus")).unwrap();
     assert_eq!(gpus.as_object().unwrap().len(), 8, "{gpus}");
-    let menu = gpus["0000:05:00.0"]["partitionProfiles"]
-        .as_array()
-        .unwrap();
-    let types: Vec<&str> = menu
-        .iter()
-        .map(|p| p["partitionType"].as_str().unwrap())
-        .collect();
-    assert_eq!(types, ["spx", "dpx", "qpx", "cpx"]);
-    assert_eq!(
-        menu[3],
-        json!({"profileIndex": 3, "partitionType": "cpx", "memoryCaps": ["nps1"],
-               "partitionCount": 8, "xccPerPartition": 1})
-    );
+    assert!(gpus["0000:05:00.0"].get("partitionProfiles").is_none());
     assert_eq!(gpus["0000:05:00.0"]["criu"]["fw_version"], 177);
 }
 

@@ -13,6 +13,14 @@ use ipc::{
     types::{GpuInfo, Link, PartitionInfo, PartitionProfile},
 };
 
+/// The peers of `links` that are XGMI links (KFD io_links or p2p_links of
+/// CRAT type 11, as amd-gpud names them), sorted and without repeats.
+fn xgmi_peers(links: &[Link]) -> Vec<String> {
+    let peers = links.iter().filter(|l| l.link_type == "xgmi");
+    let peers: std::collections::BTreeSet<&str> = peers.map(|l| l.peer.as_str()).collect();
+    peers.into_iter().map(str::to_owned).collect()
+}
+
 /// Whether a device is a whole GPU or one compute partition of a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -74,6 +82,9 @@ pub(crate) struct Device {
     pub(crate) partition_profiles: Vec<PartitionProfile>,
     /// Links to the other GPUs, by their PCI address; none for a partition.
     pub(crate) links: Vec<Link>,
+    /// The PCI addresses of the GPUs its physical GPU reaches over XGMI
+    /// (a partition keeps its GPU's), sorted.
+    pub(crate) xgmi_peers: Vec<String>,
 }
 
 impl Device {
@@ -100,6 +111,7 @@ impl Device {
             available_compute_modes: gpu.available_compute_modes(),
             partition_profiles: gpu.partition_profiles.clone(),
             links: gpu.links.clone(),
+            xgmi_peers: xgmi_peers(&gpu.links),
         }
     }
 

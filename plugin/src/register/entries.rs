@@ -1,22 +1,22 @@
 //! What the plugin publishes as `hami.io/node-amd-register`: one HAMi
 //! DeviceInfo per GPU, derived from amd-gpud's inventory and the slot count
-//! offered to kubelet, so that HAMi and kubelet see the same devices. Facts a
-//! GPU's devices share (the profile menu, the CRIU properties) are published
-//! once per GPU in `hami.io/node-amd-gpus` ([`super::gpus`]).
+//! offered to kubelet, so that HAMi and kubelet see the same devices. The Go
+//! plugin's `custominfo` keys are added by [`super::custominfo`]; the CRIU
+//! properties go once per GPU into `hami.io/node-amd-gpus` ([`super::gpus`]).
 //!
 //! Writing is idempotent: the plugin patches the node only when the value it
 //! wants differs from what the node carries (watch-fed), and on a graceful
 //! stop it republishes every device with `health: false`.
 
 use crate::{
-    hami::{DeviceInfo, HamiError, register::DEVICE_VENDOR, register_annotation},
+    hami::{DeviceInfo, register::DEVICE_VENDOR},
     inventory::{Device, Snapshot, slots_of},
 };
 
 const MIB: u64 = 1024 * 1024;
 
-/// `custominfo.gpuBDF`: a partition device's physical GPU, the key of its
-/// entry in `hami.io/node-amd-gpus`.
+/// `custominfo.gpuBDF`: a partition device's physical GPU (its entries share
+/// the GPU's facts, published in the first of them).
 pub(crate) const GPU_BDF: &str = "gpuBDF";
 
 /// The DeviceInfo of one GPU.
@@ -39,7 +39,7 @@ pub(crate) fn device_info(gpu: &Device, split_count: u32) -> DeviceInfo {
 
 /// `custominfo.partitionProfile`: the current profile (e.g. `cpx_nps1`), as
 /// newer upstream's Go plugin sends it, for GPUs with compute partitions. The
-/// menu of profiles is a fact of the physical GPU, in [`super::gpus`].
+/// menu of profiles is a fact of the physical GPU ([`super::custominfo`]).
 fn add_current_profile(info: &mut DeviceInfo, gpu: &Device) {
     let (Some(compute), Some(memory)) = (&gpu.compute_mode, &gpu.memory_mode) else {
         return;
@@ -72,8 +72,18 @@ pub(crate) fn product_name(gpu: &Device) -> String {
 /// # Errors
 /// When a device would break HAMi's parser (the error names it), or the
 /// snapshot holds no GPU (HAMi ignores an empty list and keeps stale devices).
-pub(crate) fn annotation(snapshot: &Snapshot, split_count: u32) -> Result<String, HamiError> {
-    let devices: Vec<DeviceInfo> = snapshot
+pub(crate) fn annotation(
+    snapshot: &Snapshot,
+    split_count: u32,
+) -> Result<String, crate::hami::HamiError> {
+    crate::hami::register_annotation(&device_infos(snapshot, split_count))
+}
+
+/// The register entries of the whole snapshot, one per device, in PCI order.
+pub(crate) fn device_infos(snapshot: &Snapshot, split_count: u32) -> Vec<DeviceInfo> {
+    let registered = super::custominfo::registered_gpus(snapshot);
+    let mut seen = std::collections::BTreeSet::new();
+    snapshot
         .devices()
         .iter()
         .map(|gpu| {
@@ -90,10 +100,11 @@ pub(crate) fn annotation(snapshot: &Snapshot, split_count: u32) -> Result<String
             info.index = card_minor(snapshot, gpu);
             add_rocr_selection(&mut info, gpu);
             add_current_profile(&mut info, gpu);
+            let first_of_gpu = seen.insert(gpu.physical_bdf());
+            super::custominfo::add(&mut info, snapshot, gpu, first_of_gpu, &registered);
             info
         })
-        .collect();
-    register_annotation(&devices)
+        .collect()
 }
 
 /// `index`: the device's DRM card minor (`/dev/dri/card<N>`), as HAMi's Go

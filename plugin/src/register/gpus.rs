@@ -1,14 +1,10 @@
 //! What the plugin publishes as `hami.io/node-amd-gpus`: the facts of each
-//! physical GPU that its devices share, once per GPU, keyed by the GPU's PCI
-//! address. HAMi never reads it; it keeps `hami.io/node-amd-register` small
-//! (a GPU in CPX is eight register entries, and each carried the profile
-//! menu and the CRIU properties before).
+//! physical GPU that have no place in HAMi's register annotation, once per
+//! GPU, keyed by the GPU's PCI address. Today that is what CRIU's amdgpu
+//! plugin compares at restore. HAMi never reads it.
 //!
 //! ```json
-//! {"0000:05:00.0": {
-//!   "partitionProfiles": [{"profileIndex": 3, "partitionType": "cpx",
-//!     "memoryCaps": ["nps1", "nps4"], "partitionCount": 8, "xccPerPartition": 1}],
-//!   "criu": {"device_id": 29857, "fw_version": 177}}}
+//! {"0000:05:00.0": {"criu": {"device_id": 29857, "fw_version": 177}}}
 //! ```
 //!
 //! A register entry names its GPU by `custominfo.gpuBDF` (partition devices)
@@ -17,15 +13,15 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use crate::inventory::{Device, Snapshot};
 
 /// The node annotation with each physical GPU's facts.
 pub(crate) const GPUS_KEY: &str = "hami.io/node-amd-gpus";
 
-/// The annotation value for the whole snapshot: every physical GPU with at
-/// least one fact, from the first of its devices (siblings share them).
+/// The annotation value for the whole snapshot: every physical GPU with
+/// CRIU facts, from the first of its devices (siblings share them).
 pub(crate) fn gpus_annotation(snapshot: &Snapshot) -> String {
     let mut gpus: BTreeMap<&str, Value> = BTreeMap::new();
     for gpu in snapshot.devices() {
@@ -34,9 +30,6 @@ pub(crate) fn gpus_annotation(snapshot: &Snapshot) -> String {
             continue;
         }
         let mut facts = Map::new();
-        if let Some(menu) = profile_menu(gpu) {
-            facts.insert("partitionProfiles".to_owned(), menu);
-        }
         if let Some(criu) = restore_props(snapshot, gpu) {
             facts.insert("criu".to_owned(), criu);
         }
@@ -45,36 +38,6 @@ pub(crate) fn gpus_annotation(snapshot: &Snapshot) -> String {
         }
     }
     serde_json::to_string(&gpus).unwrap_or_else(|_| "{}".to_owned())
-}
-
-/// `partitionProfiles`: one entry per profile of the GPU, as
-/// `amdsmi_set_gpu_accelerator_partition_profile` knows it: its
-/// `profileIndex`, the partition type, the memory modes it works with, how
-/// many partitions it makes and the XCCs of each. `None` for a GPU without
-/// compute partitions.
-fn profile_menu(gpu: &Device) -> Option<Value> {
-    if gpu.partition_profiles.is_empty() {
-        return None;
-    }
-    let menu = gpu
-        .partition_profiles
-        .iter()
-        .map(|p| {
-            let caps: Vec<String> = p
-                .memory_modes()
-                .iter()
-                .map(|m| m.as_str().to_ascii_lowercase())
-                .collect();
-            json!({
-                "profileIndex": p.index,
-                "partitionType": p.compute_mode().as_str().to_ascii_lowercase(),
-                "memoryCaps": caps,
-                "partitionCount": p.partitions.max(1),
-                "xccPerPartition": p.xcc_per_partition,
-            })
-        })
-        .collect();
-    Some(Value::Array(menu))
 }
 
 /// Properties CRIU's amdgpu plugin compares at restore, as published; the
@@ -115,8 +78,8 @@ mod tests {
         }
     }
 
-    /// Two MI300X in CPX (eight partitions each) and a Radeon: one entry per
-    /// physical GPU, keyed by its address, the menu as AMD SMI numbers it.
+    /// Two MI300X in CPX (eight partitions each, with a profile menu) and a
+    /// GPU without facts: one entry per physical GPU with CRIU facts.
     fn cpx_node() -> Snapshot {
         let mut gpus = Vec::new();
         let mut partitions = BTreeMap::new();
@@ -147,21 +110,17 @@ mod tests {
     }
 
     #[test]
-    fn one_entry_per_physical_gpu_with_the_menu_and_criu() {
+    fn one_entry_per_physical_gpu_with_its_criu_facts() {
         let snapshot = cpx_node();
         assert_eq!(snapshot.devices().len(), 17);
         let value: Value = serde_json::from_str(&gpus_annotation(&snapshot)).unwrap();
         let keys: Vec<&String> = value.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["0000:05:00.0", "0000:15:00.0"], "{value}");
-        let gpu = &value["0000:05:00.0"];
+        // The profile menu went back into the register annotation (the Go
+        // plugin's `custominfo.partitionProfiles`): only CRIU's facts stay.
         assert_eq!(
-            gpu["partitionProfiles"][1],
-            json!({"profileIndex": 3, "partitionType": "cpx", "memoryCaps": ["nps1", "nps4"],
-                   "partitionCount": 8, "xccPerPartition": 1})
-        );
-        assert_eq!(
-            gpu["criu"],
-            json!({"fw_version": 177}),
+            value["0000:05:00.0"],
+            serde_json::json!({"criu": {"fw_version": 177}}),
             "domain is left out"
         );
     }

@@ -1,5 +1,5 @@
 //! Keeping `hami.io/node-amd-register` (and `hami.io/node-amd-gpus`, the
-//! facts each physical GPU's devices share) in step with the inventory.
+//! CRIU facts each physical GPU's devices share) in step with the inventory.
 //!
 //! The wanted values are compared with what the watched node carries; the
 //! node is patched (one merge patch with both) only when one differs: after
@@ -11,7 +11,9 @@
 //!
 //! * [`entries`]: the register annotation's value, one HAMi DeviceInfo per
 //!   device (the codec is [`crate::hami::register`]);
-//! * [`gpus`]: the `hami.io/node-amd-gpus` value, the facts once per GPU.
+//! * [`custominfo`]: the Go plugin's `custominfo` keys (`partitionProfiles`,
+//!   `xgmiPeers`, `computeQueues`);
+//! * [`gpus`]: the `hami.io/node-amd-gpus` value, the CRIU facts once per GPU.
 
 use std::{future::Future, time::Duration};
 
@@ -24,6 +26,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+pub(crate) mod custominfo;
 pub(crate) mod entries;
 pub(crate) mod gpus;
 
