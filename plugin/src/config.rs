@@ -134,6 +134,12 @@ pub(crate) struct Cli {
     /// refused.
     #[arg(long, env = "AMDGPU_DP_LOADER_CHECK", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
     pub(crate) loader_check: bool,
+    /// Publish the healthy devices' memory (`amd.com/gpumem`, MiB) and compute
+    /// units (`amd.com/gpucores`) as the node's capacity and allocatable, as
+    /// the Go plugin's `-report_node_capacity` (chart `dp.reportNodeCapacity`)
+    /// does; off by default, as there. Needs `patch` on `nodes/status`.
+    #[arg(long, env = "AMDGPU_DP_REPORT_NODE_CAPACITY", default_value_t = false, action = clap::ArgAction::Set, value_name = "true|false")]
+    pub(crate) report_node_capacity: bool,
     /// `LIBHIP_LOG_LEVEL` of the containers that load the memory hook (1
     /// error, 2 warn, 3 info, 4 debug), as the Go plugin's `hipLogLevel`; 0
     /// keeps the hook's own default.
@@ -401,6 +407,25 @@ mod tests {
         assert!(
             err.contains("'5'") && err.contains("--hip-log-level"),
             "{err}"
+        );
+    }
+
+    /// Off unless asked for, as the Go plugin's `-report_node_capacity`
+    /// (chart `dp.reportNodeCapacity: false`); its env twin is the one the
+    /// chart sets.
+    #[test]
+    fn report_node_capacity() {
+        assert!(!Cli::parse_from(["x"]).report_node_capacity);
+        let cli = Cli::parse_from(["x", "--report-node-capacity", "true"]);
+        assert!(cli.report_node_capacity);
+        let command = <Cli as clap::CommandFactory>::command();
+        let env = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some("report-node-capacity"))
+            .and_then(clap::Arg::get_env);
+        assert_eq!(
+            env,
+            Some(std::ffi::OsStr::new("AMDGPU_DP_REPORT_NODE_CAPACITY"))
         );
     }
 }

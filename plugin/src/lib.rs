@@ -334,6 +334,7 @@ fn start_kube(
     let config = register::RegisterConfig {
         split_count: cli.split_count,
         recheck: Duration::from_secs(cli.register_interval.max(1)),
+        report_node_capacity: cli.report_node_capacity,
     };
     let registrar = tokio::spawn(register::run_register(
         client,

@@ -1,7 +1,7 @@
 //! amd-device-plugin publishing `hami.io/node-amd-register` through the real
 //! kube-rs client to the fake API server: the value HAMi reads (with the Go
-//! plugin's `custominfo` keys), no rewrite when nothing changed, health
-//! changes, and the graceful-stop form.
+//! plugin's `custominfo` keys), the node capacity of `--report-node-capacity`,
+//! no rewrite when nothing changed, health changes, and the graceful-stop form.
 //! Needs root (the private bus loads the shipped policy).
 
 // An integration-test file is itself the test module, and a failed unwrap is a
@@ -101,6 +101,31 @@ fn assert_go_custominfo(devices: &[Value]) {
     assert_eq!(peers, others, "every other MI300X of the platform, sorted");
 }
 
+/// Waits until the node's capacity and allocatable show the healthy
+/// devices' memory (MiB) and CUs, `healthy` GPUs' worth.
+async fn wait_capacity(api: &FakeApiServer, devices: &[Value], healthy: u64) {
+    let (devmem, devcore) = (&devices[0]["devmem"], &devices[0]["devcore"]);
+    let memory = (healthy * devmem.as_u64().unwrap()).to_string();
+    let cores = (healthy * devcore.as_u64().unwrap()).to_string();
+    let start = Instant::now();
+    loop {
+        let node = api.get(Kind::Node, "", NODE).unwrap();
+        let shows = |list: &str| {
+            let list = &node["status"][list];
+            list["amd.com/gpumem"] == memory.as_str() && list["amd.com/gpucores"] == cores.as_str()
+        };
+        if shows("capacity") && shows("allocatable") {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no capacity {memory} MiB, {cores} CUs: {}",
+            node["status"]
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn scenario() {
     let root = common::build_fixture("mi300x-8-spx");
     let bus = PrivateBus::start(Policy::Shipped).unwrap();
@@ -118,6 +143,8 @@ async fn scenario() {
         NODE,
         "--register-interval",
         "1",
+        "--report-node-capacity",
+        "true",
     ];
     let mut plugin = stack::plugin(&fake_node, &bus, kubelet.dir(), extra).unwrap();
 
@@ -143,6 +170,8 @@ async fn scenario() {
     assert_eq!(criu["device_id"], 0x74a1);
     assert!(criu.get("drm_render_minor").is_none());
     assert!(gpus["0000:05:00.0"].get("partitionProfiles").is_none());
+    // --report-node-capacity: the healthy GPUs' memory and CUs.
+    wait_capacity(&api, &devices, 8).await;
 
     // Nothing changes: several re-check intervals pass without a write.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -157,10 +186,11 @@ async fn scenario() {
     // A GPU vanishes: its device turns unhealthy in the annotation.
     std::fs::remove_dir_all(root.path().join("sys/class/kfd/kfd/topology/nodes/9")).unwrap();
     stack::rescan(&bus).unwrap();
-    wait_register(&api, "one unhealthy device", |d| {
+    let devices = wait_register(&api, "one unhealthy device", |d| {
         d.iter().filter(|x| x["health"] != true).count() == 1
     })
     .await;
+    wait_capacity(&api, &devices, 7).await;
 
     // Someone else rewrites the annotation: the re-check puts ours back.
     api.put_node(json!({

@@ -67,7 +67,9 @@ pub(crate) fn product_name(gpu: &Device) -> String {
     }
 }
 
-/// The annotation value for the whole snapshot.
+#[cfg(test)]
+/// The annotation value for the whole snapshot (the registrar encodes
+/// [`device_infos`] with [`register_annotation`] itself).
 ///
 /// # Errors
 /// When a device would break HAMi's parser (the error names it), or the

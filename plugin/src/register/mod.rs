@@ -13,7 +13,9 @@
 //!   device (the codec is [`crate::hami::register`]);
 //! * [`custominfo`]: the Go plugin's `custominfo` keys (`partitionProfiles`,
 //!   `xgmiPeers`, `computeQueues`);
-//! * [`gpus`]: the `hami.io/node-amd-gpus` value, the CRIU facts once per GPU.
+//! * [`gpus`]: the `hami.io/node-amd-gpus` value, the CRIU facts once per GPU;
+//! * [`capacity`]: `--report-node-capacity`, the healthy devices' memory and
+//!   CUs as node capacity.
 
 use std::{future::Future, time::Duration};
 
@@ -26,6 +28,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+pub(crate) mod capacity;
 pub(crate) mod custominfo;
 pub(crate) mod entries;
 pub(crate) mod gpus;
@@ -44,6 +47,9 @@ pub(crate) struct RegisterConfig {
     pub(crate) split_count: u32,
     /// How often the node's annotation is compared again without a change.
     pub(crate) recheck: Duration,
+    /// Whether the healthy devices' memory and CUs are published as node
+    /// capacity ([`capacity`]).
+    pub(crate) report_node_capacity: bool,
 }
 
 /// Runs until `shutdown`; the published annotation stays as it is.
@@ -64,7 +70,7 @@ pub(crate) async fn run_register(
             _ = tick.tick() => {}
         }
         let snapshot = snapshots.borrow_and_update().clone();
-        sync(&nodes, &caches, &snapshot, config.split_count).await;
+        sync(&nodes, &caches, &snapshot, &config).await;
     }
     info!("stopping; {REGISTER_KEY} stays as published");
 }
@@ -78,11 +84,12 @@ async fn read_node(nodes: &Api<Node>, name: &str) -> Option<std::sync::Arc<Node>
 }
 
 /// Patches the node when the wanted value differs from the cached node's.
-async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u32) {
+async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, config: &RegisterConfig) {
     if snapshot.devices().is_empty() {
         return;
     }
-    let wanted = match entries::annotation(snapshot, split) {
+    let infos = entries::device_infos(snapshot, config.split_count);
+    let wanted = match crate::hami::register_annotation(&infos) {
         Ok(value) => value,
         Err(err) => {
             warn!("not publishing {REGISTER_KEY}: {err}");
@@ -104,6 +111,12 @@ async fn sync(nodes: &Api<Node>, caches: &Caches, snapshot: &Snapshot, split: u3
             .and_then(|a| a.get(key))
             .cloned()
     };
+    if config.report_node_capacity {
+        let capacity = capacity::wanted(&infos);
+        if capacity::needs_write(&capacity, node.as_deref()) {
+            capacity::publish(nodes, &caches.node_name, &capacity).await;
+        }
+    }
     let (current, current_gpus) = (on_node(REGISTER_KEY), on_node(GPUS_KEY));
     if node.is_some()
         && !entries::needs_write(&wanted, current.as_deref())
