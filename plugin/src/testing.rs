@@ -14,7 +14,7 @@ pub mod metrics {
 
     /// HAMi's series.
     pub mod hami {
-        pub use crate::metrics::hami::Inputs;
+        pub use crate::metrics::hami::{HAMI_SERIES, HAMI_UNFILLED, Inputs};
     }
 }
 

@@ -1,20 +1,27 @@
-//! HAMi's vGPU monitor series for AMD (Project-HAMi/HAMi:cmd/vGPUmonitor/metrics.go):
+//! HAMi's vGPU monitor series for AMD (Project-HAMi/HAMi:cmd/vGPUmonitor/metrics.go,
+//! and the two host series the Go AMD plugin's monitor adds,
+//! Project-HAMi/amd-device-plugin:internal/pkg/vgpumonitor/collector.go):
 //! the same names, labels and units, from what amd-gpud measured
 //! (`GetUsage`, [`crate::gpud::usage`]) joined with the grants HAMi made
 //! (`hami.io/amd-devices-allocated`, `hami.io/amd-cu-allocated`), plus
-//! series of ours for what HAMi has no name for.
+//! series of ours for what HAMi has no name for. Every `hami_` series also
+//! carries HAMi's `zone="vGPU"`. docs/metrics.md lists HAMi's series this
+//! node cannot fill, and why.
 //!
 //! | metric | labels | value |
 //! | --- | --- | --- |
-//! | `hami_host_gpu_memory_used_bytes` | `node`, `device_index`, `device_uuid`, `device_type`, `zone` | VRAM used on the GPU, bytes |
+//! | `hami_host_gpu_memory_used_bytes` | `node`, `device_index`, `device_uuid`, `device_type` | VRAM used on the GPU, bytes |
 //! | `hami_host_gpu_utilization_ratio` | same | GPU activity, 0-100 (as HAMi's) |
-//! | `hami_vgpu_memory_used_bytes` | `namespace`, `pod`, `container`, `vdevice_index`, `device_uuid`, `zone` | VRAM the container's processes hold on the device (KFD), bytes |
+//! | `hami_host_gpu_temperature_celsius` | same | edge (or first) temperature |
+//! | `hami_host_gpu_power_usage_watts` | same | average socket power |
+//! | `hami_vgpu_memory_used_bytes` | `namespace`, `pod`, `container`, `vdevice_index`, `device_uuid` | VRAM the container's processes hold on the device (KFD), bytes |
+//! | `hami_container_device_memory_bytes` | same | the same figure (HAMi reports its total twice) |
 //! | `hami_vgpu_memory_limit_bytes` | same | VRAM HAMi granted the container on the device, bytes |
-//! | `amdgpu_dp_container_compute_units` | same, without `zone` | CUs granted |
+//! | `hami_container_device_utilization_ratio` | same | the GPU's activity, 0-100, while this container is the only one holding any device of that GPU |
+//! | `hami_vgpumonitor_collect_success` | `node` | 1 when amd-gpud answered the last `GetUsage`, else 0 |
+//! | `amdgpu_dp_container_compute_units` | same as `hami_vgpu_*`, without `zone` | CUs granted |
 //! | `amdgpu_dp_pod_cu_mask_info` | `namespace`, `pod`, `device_uuid`, `mask` | 1; `mask` is the pod's CU list on the device (union over its containers) |
 //! | `amdgpu_dp_pod_vram_charged_bytes` | `namespace`, `pod`, `pci_bdf` | the pod cgroup's `dmem.current` |
-//! | `amdgpu_dp_gpu_temperature_celsius` | `gpu`, `pci_bdf` | |
-//! | `amdgpu_dp_gpu_power_watts` | `gpu`, `pci_bdf` | average socket power |
 //!
 //! A process's VRAM counts for a container when its cgroup names the
 //! container's runtime ID (from the pod's `containerStatuses`), or, when it
@@ -39,7 +46,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use self::join::Devices;
+use self::join::{Devices, Holder};
 use super::usage::live;
 use crate::{
     hami::register::DeviceInfo,
@@ -80,9 +87,8 @@ struct ChargedLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct GpuLabels {
-    gpu: String,
-    pci_bdf: String,
+struct NodeLabel {
+    node: String,
 }
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -92,27 +98,50 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub(crate) struct HamiMetrics {
     host_memory: Family<HostLabels, Gauge>,
     host_utilization: Family<HostLabels, Gauge>,
+    temperature: Family<HostLabels, FloatGauge>,
+    power: Family<HostLabels, FloatGauge>,
     vgpu_used: Family<ContainerLabels, Gauge>,
+    container_memory: Family<ContainerLabels, Gauge>,
     vgpu_limit: Family<ContainerLabels, Gauge>,
+    container_utilization: Family<ContainerLabels, Gauge>,
+    collect_success: Family<NodeLabel, Gauge>,
     container_cus: Family<ContainerLabels, Gauge>,
     cu_mask: Family<MaskLabels, Gauge>,
     charged: Family<ChargedLabels, Gauge>,
-    temperature: Family<GpuLabels, FloatGauge>,
-    power: Family<GpuLabels, FloatGauge>,
 }
 
-#[cfg(test)]
-/// Every series name this module exports (the dashboard check reads them).
-pub(crate) const SERIES: [&str; 9] = [
+/// HAMi's series this module exports: those of HAMi's vGPU monitor AMD can
+/// fill, and the Go AMD plugin's host temperature, power and collection
+/// status (the metrics tests hold the scrape to this list).
+pub const HAMI_SERIES: [&str; 9] = [
     "hami_host_gpu_memory_used_bytes",
     "hami_host_gpu_utilization_ratio",
+    "hami_host_gpu_temperature_celsius",
+    "hami_host_gpu_power_usage_watts",
     "hami_vgpu_memory_used_bytes",
+    "hami_container_device_memory_bytes",
     "hami_vgpu_memory_limit_bytes",
+    "hami_container_device_utilization_ratio",
+    "hami_vgpumonitor_collect_success",
+];
+
+/// HAMi's vGPU monitor series AMD cannot fill (docs/metrics.md says why):
+/// none of them is ever exported.
+pub const HAMI_UNFILLED: [&str; 6] = [
+    "hami_host_gpu_memory_controller_utilization_ratio",
+    "hami_container_last_kernel_elapsed_seconds",
+    "hami_mig_device_info",
+    "hami_vgpu_memory_context_bytes",
+    "hami_vgpu_memory_module_bytes",
+    "hami_vgpu_memory_buffer_bytes",
+];
+
+#[cfg(test)]
+/// The series of ours this module exports.
+pub(crate) const OURS: [&str; 3] = [
     "amdgpu_dp_container_compute_units",
     "amdgpu_dp_pod_cu_mask_info",
     "amdgpu_dp_pod_vram_charged_bytes",
-    "amdgpu_dp_gpu_temperature_celsius",
-    "amdgpu_dp_gpu_power_watts",
 ];
 
 /// What one scrape joins.
@@ -127,25 +156,60 @@ pub struct Inputs<'a> {
 impl HamiMetrics {
     /// Registers HAMi's series in `hami` (no prefix; HAMi's `zone` label).
     pub(crate) fn register_hami(&self, hami: &mut Registry) {
+        let host: [(&str, &str, &Family<HostLabels, Gauge>); 2] = [
+            (
+                "hami_host_gpu_memory_used_bytes",
+                "GPU device memory usage in bytes",
+                &self.host_memory,
+            ),
+            (
+                "hami_host_gpu_utilization_ratio",
+                "GPU core utilization ratio (0-100)",
+                &self.host_utilization,
+            ),
+        ];
+        for (name, help, family) in host {
+            hami.register(name, help, family.clone());
+        }
         hami.register(
-            "hami_host_gpu_memory_used_bytes",
-            "GPU device memory usage in bytes",
-            self.host_memory.clone(),
+            "hami_host_gpu_temperature_celsius",
+            "GPU temperature in degrees Celsius",
+            self.temperature.clone(),
         );
         hami.register(
-            "hami_host_gpu_utilization_ratio",
-            "GPU core utilization ratio (0-100)",
-            self.host_utilization.clone(),
+            "hami_host_gpu_power_usage_watts",
+            "GPU power draw in watts",
+            self.power.clone(),
         );
+        let containers: [(&str, &str, &Family<ContainerLabels, Gauge>); 4] = [
+            (
+                "hami_vgpu_memory_used_bytes",
+                "vGPU device memory usage in bytes",
+                &self.vgpu_used,
+            ),
+            (
+                "hami_vgpu_memory_limit_bytes",
+                "vGPU device memory limit in bytes",
+                &self.vgpu_limit,
+            ),
+            (
+                "hami_container_device_memory_bytes",
+                "Container device memory usage in bytes",
+                &self.container_memory,
+            ),
+            (
+                "hami_container_device_utilization_ratio",
+                "Container device utilization ratio (0-100): the GPU's activity while the container is its only holder",
+                &self.container_utilization,
+            ),
+        ];
+        for (name, help, family) in containers {
+            hami.register(name, help, family.clone());
+        }
         hami.register(
-            "hami_vgpu_memory_used_bytes",
-            "vGPU device memory usage in bytes",
-            self.vgpu_used.clone(),
-        );
-        hami.register(
-            "hami_vgpu_memory_limit_bytes",
-            "vGPU device memory limit in bytes",
-            self.vgpu_limit.clone(),
+            "hami_vgpumonitor_collect_success",
+            "Whether the last collection got amd-gpud's usage answer (1) or not (0)",
+            self.collect_success.clone(),
         );
     }
 
@@ -166,16 +230,6 @@ impl HamiMetrics {
             "VRAM charged to each pod's cgroup by the dmem controller (dmem.current)",
             self.charged.clone(),
         );
-        ours.register(
-            "gpu_temperature_celsius",
-            "Temperature of each GPU",
-            self.temperature.clone(),
-        );
-        ours.register(
-            "gpu_power_watts",
-            "Average power of each GPU",
-            self.power.clone(),
-        );
     }
 
     /// Sets every series from `inputs`; what is no longer there loses its
@@ -185,17 +239,34 @@ impl HamiMetrics {
         self.host_utilization.clear();
         self.temperature.clear();
         self.power.clear();
-        self.vgpu_used.clear();
-        self.vgpu_limit.clear();
-        self.container_cus.clear();
+        for family in [
+            &self.vgpu_used,
+            &self.container_memory,
+            &self.vgpu_limit,
+            &self.container_utilization,
+            &self.container_cus,
+        ] {
+            family.clear();
+        }
         self.cu_mask.clear();
         self.charged.clear();
+        self.collect_success.clear();
+        let node = NodeLabel {
+            node: inputs.node.to_owned(),
+        };
+        self.collect_success
+            .get_or_create(&node)
+            .set(i64::from(inputs.usage.is_some()));
         if let Some(usage) = inputs.usage {
             self.observe_gpus(inputs, usage);
         }
         let devices = Devices::of(inputs.snapshot);
+        let mut holders = Vec::new();
         for pod in inputs.pods.iter().filter(|p| live(p)) {
-            self.observe_pod(pod, &devices, inputs.usage);
+            holders.extend(self.observe_pod(pod, &devices, inputs.usage));
+        }
+        if let Some(usage) = inputs.usage {
+            self.observe_utilization(inputs.snapshot, usage, holders);
         }
     }
 
@@ -208,11 +279,10 @@ impl HamiMetrics {
             .collect();
         for (index, used) in usage.gpus.iter().enumerate() {
             let gpu = by_bdf.get(used.bdf.as_str());
-            let uuid = gpu.map_or_else(|| used.bdf.clone(), |g| g.id.clone());
             let labels = HostLabels {
                 node: inputs.node.to_owned(),
                 device_index: index.to_string(),
-                device_uuid: uuid.clone(),
+                device_uuid: gpu.map_or_else(|| used.bdf.clone(), |g| g.id.clone()),
                 device_type: DeviceInfo::product_type(
                     &gpu.map_or_else(String::new, |g| product_name(g)),
                 ),
@@ -227,19 +297,36 @@ impl HamiMetrics {
                     .get_or_create(&labels)
                     .set(used.busy_percent);
             }
-            let ours = GpuLabels {
-                gpu: uuid,
-                pci_bdf: used.bdf.clone(),
-            };
             #[allow(clippy::cast_precision_loss)]
             if used.temperature_millicelsius >= 0 {
                 let celsius = used.temperature_millicelsius as f64 / 1000.0;
-                self.temperature.get_or_create(&ours).set(celsius);
+                self.temperature.get_or_create(&labels).set(celsius);
             }
             #[allow(clippy::cast_precision_loss)]
             if used.power_microwatts >= 0 {
                 let watts = used.power_microwatts as f64 / 1e6;
-                self.power.get_or_create(&ours).set(watts);
+                self.power.get_or_create(&labels).set(watts);
+            }
+        }
+    }
+
+    /// `hami_container_device_utilization_ratio`: amd-gpud measures
+    /// activity per GPU, not per process, so a container gets its GPU's
+    /// figure only while it is the one holder of any device of that GPU
+    /// across the node's live pods; a shared GPU's activity is no one
+    /// container's, and gets no series.
+    fn observe_utilization(&self, snapshot: &Snapshot, usage: &Usage, holders: Vec<Holder>) {
+        let mut by_gpu: HashMap<&str, Vec<ContainerLabels>> = HashMap::new();
+        for (labels, device) in holders {
+            if let Some(d) = snapshot.device(&device) {
+                by_gpu.entry(d.gpu_bdf.as_str()).or_default().push(labels);
+            }
+        }
+        for used in usage.gpus.iter().filter(|g| g.busy_percent >= 0) {
+            if let Some([only]) = by_gpu.get(used.bdf.as_str()).map(Vec::as_slice) {
+                self.container_utilization
+                    .get_or_create(only)
+                    .set(used.busy_percent);
             }
         }
     }

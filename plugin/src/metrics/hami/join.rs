@@ -61,6 +61,9 @@ fn runtime_ids(pod: &Pod) -> HashMap<&str, &str> {
 
 type Used = HashMap<(String, String), u64>;
 
+/// One container's grant of one device: its series' labels and the device id.
+pub(super) type Holder = (ContainerLabels, String);
+
 /// VRAM by (container name, device id), from the processes of `uid`.
 fn attribute(
     usage: &Usage,
@@ -93,12 +96,18 @@ fn attribute(
 }
 
 impl HamiMetrics {
-    pub(super) fn observe_pod(&self, pod: &Pod, devices: &Devices, usage: Option<&Usage>) {
+    /// Sets the pod's series; returns its grants.
+    pub(super) fn observe_pod(
+        &self,
+        pod: &Pod,
+        devices: &Devices,
+        usage: Option<&Usage>,
+    ) -> Vec<Holder> {
         let Some(value) = pod.annotations().get(ALLOCATED_KEY) else {
-            return;
+            return Vec::new();
         };
         let Ok(entries) = parse_pod_devices(DevicesAnnotation::Allocated, value) else {
-            return;
+            return Vec::new();
         };
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let namespace = pod.namespace().unwrap_or_default();
@@ -118,6 +127,7 @@ impl HamiMetrics {
             }
         }
         let used = usage.map(|u| attribute(u, uid, pod, &holders, devices));
+        let mut granted = Vec::new();
         for (container, devs) in spec_names.iter().zip(&entries) {
             for (index, d) in devs.iter().enumerate() {
                 let labels = ContainerLabels {
@@ -134,12 +144,15 @@ impl HamiMetrics {
                     .set(i64::from(d.usedcores));
                 if let Some(used) = &used {
                     let key = ((*container).to_owned(), d.uuid.clone());
-                    let bytes = used.get(&key).copied().unwrap_or(0);
-                    self.vgpu_used.get_or_create(&labels).set(gauge(bytes));
+                    let bytes = gauge(used.get(&key).copied().unwrap_or(0));
+                    self.vgpu_used.get_or_create(&labels).set(bytes);
+                    self.container_memory.get_or_create(&labels).set(bytes);
                 }
+                granted.push((labels, d.uuid.clone()));
             }
         }
         self.observe_pod_extras(pod, (&namespace, &name, uid), usage);
+        granted
     }
 
     fn observe_pod_extras(

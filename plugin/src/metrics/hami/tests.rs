@@ -140,15 +140,72 @@ fn hami_series_carry_hamis_names_labels_and_units() {
     let charged =
         r#"amdgpu_dp_pod_vram_charged_bytes{namespace="ml",pod="train",pci_bdf="0000:05:00.0"}"#;
     assert_eq!(value(&text, charged).as_deref(), Some("4096"));
-    let ours = format!(r#"{{gpu="{GPU}",pci_bdf="0000:05:00.0"}}"#);
     assert_eq!(
-        value(&text, &format!("amdgpu_dp_gpu_temperature_celsius{ours}")).as_deref(),
+        value(&text, &format!("hami_host_gpu_temperature_celsius{host}")).as_deref(),
         Some("45.5")
     );
     assert_eq!(
-        value(&text, &format!("amdgpu_dp_gpu_power_watts{ours}")).as_deref(),
+        value(&text, &format!("hami_host_gpu_power_usage_watts{host}")).as_deref(),
         Some("250.0")
     );
+    assert_eq!(
+        value(
+            &text,
+            &format!("hami_container_device_memory_bytes{}", z("a"))
+        )
+        .as_deref(),
+        Some("600")
+    );
+    let success = r#"hami_vgpumonitor_collect_success{zone="vGPU",node="node-1"}"#;
+    assert_eq!(value(&text, success).as_deref(), Some("1"));
+    // Two containers share the GPU: its activity is neither's.
+    assert!(
+        !text.contains("hami_container_device_utilization_ratio{"),
+        "{text}"
+    );
+    for name in super::HAMI_UNFILLED {
+        assert!(!text.contains(name), "{name} is exported");
+    }
+}
+
+/// Container `a` alone holds the GPU (what HAMi's dashboard reads for its
+/// container-utilization panel: `hami_container_device_utilization_ratio`
+/// by namespace, pod, container and vdevice_index).
+#[test]
+fn the_only_holder_of_a_gpu_gets_its_activity() {
+    let m = Metrics::new();
+    let alone = lone_pod();
+    let usage = measured();
+    let text = scrape(&m, &[pod_of(&alone)], Some(&usage));
+    let a = format!(
+        r#"hami_container_device_utilization_ratio{{zone="vGPU",namespace="ml",pod="train",container="a",vdevice_index="0",device_uuid="{GPU}"}}"#
+    );
+    assert_eq!(value(&text, &a).as_deref(), Some("37"), "{text}");
+    // Another pod's container takes a share: no one's figure any more.
+    let mut other = alone.clone();
+    other.metadata.name = Some("infer".into());
+    other.metadata.uid = Some("11111111-2222-3333-4444-555555555555".into());
+    let text = scrape(&m, &[pod_of(&alone), pod_of(&other)], Some(&usage));
+    assert!(!text.contains("hami_container_device_utilization_ratio{"));
+    // No answer from amd-gpud: no figure, and the collection says so.
+    let text = scrape(&m, &[pod()], None);
+    let success = r#"hami_vgpumonitor_collect_success{zone="vGPU",node="node-1"}"#;
+    assert_eq!(value(&text, success).as_deref(), Some("0"));
+}
+
+/// [`pod`] with the GPU granted to container `a` alone.
+fn lone_pod() -> Pod {
+    let mut alone = (*pod()).clone();
+    let annotations = alone.metadata.annotations.as_mut().unwrap();
+    annotations.insert(
+        "hami.io/amd-devices-allocated".into(),
+        format!("{GPU},AMD,1024,76:;;"),
+    );
+    alone
+}
+
+fn pod_of(pod: &Pod) -> Arc<Pod> {
+    Arc::new(pod.clone())
 }
 
 #[test]
@@ -176,7 +233,7 @@ fn the_series_list_is_in_sync() {
     let m = Metrics::new();
     m.record_allocate(std::time::Duration::from_millis(1), Err("unknown_gpu"));
     m.observe_gpus(&snapshot(), 0, &crate::metrics::Usage::new());
-    let text = scrape(&m, &[pod()], Some(&measured()));
+    let text = scrape(&m, &[pod_of(&lone_pod())], Some(&measured()));
     let mut types: Vec<String> = text
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -195,7 +252,7 @@ fn the_series_list_is_in_sync() {
         "run with UPDATE_SERIES=1 to update {}",
         path.display()
     );
-    for name in super::SERIES {
+    for name in super::HAMI_SERIES.iter().chain(&super::OURS) {
         assert!(
             listed.contains(&format!("{name} ")),
             "{name} is not exported"
