@@ -192,16 +192,15 @@ pub(crate) struct Cli {
     pub(crate) log: String,
 }
 
-/// Default `--metrics-address`: loopback, port 9400 (the chart's port too). Anyone who can reach
-/// the port can connect, so a plugin started by hand (or on a host network)
+/// Default `--metrics-address`: loopback, port 9394, HAMi's vGPU monitor's
+/// (Project-HAMi/HAMi:cmd/vGPUmonitor/main.go; the chart's too), as the
+/// HAMi series served there are its. Anyone who can reach the port can connect, so a plugin started by hand (or on a host network)
 /// serves it to no one else until told; the chart binds every address of the
 /// pod's own network namespace, behind its NetworkPolicy.
-pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9400";
+pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9394";
 
 /// Default `--probe-address`: loopback like the metrics, port 9401 (the
-/// chart's too): next to the metrics port, and not 9394, HAMi's vGPU
-/// monitor's (Project-HAMi/HAMi:cmd/vGPUmonitor/main.go), which this
-/// plugin's vGPU series may move to.
+/// chart's too): not the metrics port, 9394, HAMi's vGPU monitor's.
 pub(crate) const DEFAULT_PROBE_ADDRESS: &str = "127.0.0.1:9401";
 
 /// `--metrics-address` and `--probe-address`: where to listen, or not at all.
@@ -217,7 +216,7 @@ impl ListenAddress {
         Self::parse(
             value,
             "--metrics-address (AMDGPU_DP_METRICS_ADDRESS)",
-            "ADDRESS:PORT (e.g. 127.0.0.1:9400) or none",
+            "ADDRESS:PORT (e.g. 127.0.0.1:9394) or none",
         )
     }
 
@@ -353,11 +352,12 @@ mod tests {
         assert!(err.to_string().contains("\"yes\""), "{err}");
         assert_eq!(
             Cli::parse_from(["x"]).metrics_address,
-            ListenAddress::At("127.0.0.1:9400".parse().unwrap())
+            ListenAddress::At("127.0.0.1:9394".parse().unwrap()),
+            "HAMi's vGPU monitor port"
         );
         let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
         assert_eq!(cli.metrics_address, ListenAddress::None);
-        let err = Cli::try_parse_from(["x", "--metrics-address", "9400"]).unwrap_err();
+        let err = Cli::try_parse_from(["x", "--metrics-address", "9394"]).unwrap_err();
         assert!(err.to_string().contains("ADDRESS:PORT"), "{err}");
         assert!(
             err.to_string().contains(DEFAULT_METRICS_ADDRESS),

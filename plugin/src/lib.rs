@@ -443,10 +443,10 @@ mod tests {
     #[test]
     fn the_sandbox_lets_each_listener_bind() {
         let cli = Cli::parse_from(["x"]);
-        assert_eq!(sandbox_plan(&cli, None).bind, [9400, 9401]);
+        assert_eq!(sandbox_plan(&cli, None).bind, [9394, 9401]);
         let cli = Cli::parse_from(["x", "--metrics-address", "none"]);
         assert_eq!(sandbox_plan(&cli, None).bind, [9401]);
         let cli = Cli::parse_from(["x", "--probe-address", "none"]);
-        assert_eq!(sandbox_plan(&cli, None).bind, [9400]);
+        assert_eq!(sandbox_plan(&cli, None).bind, [9394]);
     }
 }
