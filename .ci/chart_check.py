@@ -34,7 +34,11 @@ it checks:
      privileges values.yaml names (privileged, hostPID, the host's /, root),
      a preStop that removes amd-gpud, and a selector disjoint from the plugin's;
      the default image is this project's, tagged with appVersion.
-  6. the dashboard (.ci/dashboard_check.py says what is checked): off by
+  6. the monitoring objects (.ci/monitor_check.py says what is checked):
+     the metrics on HAMi's monitor port 9394, the monitor Service and
+     ServiceMonitor, the scrape annotations, the scrapers the NetworkPolicy
+     admits;
+  7. the dashboard (.ci/dashboard_check.py says what is checked): off by
      default renders no ConfigMap; on, one ConfigMap in dashboard.namespace
      with the grafana_dashboard label and the dashboard file as its data.
 Self-tests prove the checks bite: values the schema must reject; the policy
@@ -62,6 +66,7 @@ import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import dashboard_check  # noqa: E402
+import monitor_check  # noqa: E402
 import go_values_check  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -435,7 +440,7 @@ def expected_env(values: dict[str, Any]) -> dict[str, str | None]:
         "OPERATING_MODE": dp["operatingMode"],
         **({"COMPUTE_PARTITION": dp["computePartition"]} if dp["computePartition"] else {}),
         "AMDGPU_DP_SANDBOX": dp["sandbox"],
-        "AMDGPU_DP_METRICS_ADDRESS": f"0.0.0.0:{dp['metrics']['port']}",
+        "AMDGPU_DP_METRICS_ADDRESS": monitor_check.metrics_address(values),
         "AMDGPU_DP_PROBE_ADDRESS": f"0.0.0.0:{dp['probes']['port']}",
         "AMDGPU_DP_LOG": log_filter(dp),
         "AMDGPU_DP_HOOK_PATH": hook_dir(values),
@@ -451,7 +456,7 @@ def check_ports(container: dict[str, Any], values: dict[str, Any]) -> None:
     """Two named ports, metrics and probes (issue 38, F5: peers filling the
     metrics port's connections failed the liveness probe that shared them);
     the probes on theirs."""
-    metrics, probes = values["dp"]["metrics"]["port"], values["dp"]["probes"]["port"]
+    metrics, probes = monitor_check.metrics_port(values), values["dp"]["probes"]["port"]
     ports = container.get("ports") or []
     check(sorted((p.get("name"), p.get("containerPort")) for p in ports)
           == [("metrics", metrics), ("probes", probes)]
@@ -675,6 +680,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
         check(sorted(map(strip, versioned), key=repr) == sorted(map(strip, objects), key=repr),
               f"the render for Kubernetes {version} equals the default render")
         for obj in versioned:
+            if monitor_check.skip_schema(obj):
+                continue
             try:
                 kubernetes_validate.validate(strip(obj), version, strict=True)
             except kubernetes_validate.ValidationError as err:
@@ -696,7 +703,8 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
             "NetworkPolicy": 1 if netpol else 0,
             "ValidatingAdmissionPolicy": 4 if vap else 0,
             "ValidatingAdmissionPolicyBinding": 4 if vap else 0,
-            "ConfigMap": 1 if values["dashboard"]["enabled"] else 0}
+            "ConfigMap": 1 if values["dashboard"]["enabled"] else 0,
+            **monitor_check.expected_counts(values)}
     have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
     extra = sorted({o["kind"] for o in objects} - set(want))
     check(have == want and not extra, "the expected objects and no others",
@@ -759,14 +767,12 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     # metrics port, only from networkPolicy.metricsFrom (none when empty).
     if netpol:
         policy = one(objects, "NetworkPolicy")["spec"]
-        sources = values["networkPolicy"]["metricsFrom"]
-        port = values["dp"]["metrics"]["port"]
-        want_ingress = ([{"from": sources, "ports": [{"protocol": "TCP", "port": port}]}]
-                        if sources else [])
+        want_ingress = monitor_check.want_ingress(values)
         check(policy["podSelector"]["matchLabels"] == ds["spec"]["selector"]["matchLabels"]
               and policy["policyTypes"] == ["Ingress"] and policy["ingress"] == want_ingress,
-              "NetworkPolicy admits only metricsFrom, only to the metrics port (never the probes')",
-              str(policy))
+              "NetworkPolicy admits only metricsFrom, only to the metrics port (never the "
+              "probes'), only while monitor.enabled", str(policy))
+    monitor_check.check_monitor(check, objects, values, ds, RELEASE, NAMESPACE)
 
     # The image: this project's own (the Go plugin's image is another program).
     container = spec["containers"][0]
@@ -946,6 +952,14 @@ BAD_OVERRIDES: list[tuple[str, str, Callable[[dict[str, Any]], dict[str, Any]]]]
 ]
 
 
+def rejects(chart: helm.Chart, values: dict[str, Any]) -> bool:
+    try:
+        chart.validate_schema(values)
+        return False
+    except helm.HelmValuesError:
+        return True
+
+
 def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> None:
     print("\n== self-tests: the checks must reject bad input")
     for values in BAD_VALUES:
@@ -995,11 +1009,12 @@ def self_tests(chart: helm.Chart, ds: dict[str, Any], exceptions: list[str]) -> 
     except helm.HelmRenderError as err:
         check("60700" in str(err), "nodeInstaller refuses runAsUser other than 60700", str(err))
     try:
-        render(chart, {"dp": {"probes": {"port": 9400}}})
+        render(chart, {"dp": {"probes": {"port": 9394}}})
         bad("the probes render on the metrics port")
     except helm.HelmRenderError as err:
         check("port of their own" in str(err),
               "the chart refuses the probe port equal to the metrics port", str(err))
+    monitor_check.self_tests(check, chart, render, lambda v: rejects(chart, v), ok)
     try:
         render(chart, {"podLabels": {"app.kubernetes.io/name": "x"}})
         bad("podLabels may override the selector labels")

@@ -133,3 +133,23 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: node-installer
 {{- end -}}
+
+{{/*
+The plugin's /metrics address (AMDGPU_DP_METRICS_ADDRESS): 0.0.0.0:<dp.metrics.port>
+when that is set, else monitor.metricsBindAddress, the Go chart's key, whose
+":<port>" form means every address of the pod's network namespace.
+*/}}
+{{- define "amd-gpu.metricsAddress" -}}
+{{- if .Values.dp.metrics.port -}}
+{{- printf "0.0.0.0:%d" (int .Values.dp.metrics.port) -}}
+{{- else if hasPrefix ":" .Values.monitor.metricsBindAddress -}}
+{{- printf "0.0.0.0%s" .Values.monitor.metricsBindAddress -}}
+{{- else -}}
+{{- .Values.monitor.metricsBindAddress -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of amd-gpu.metricsAddress. */}}
+{{- define "amd-gpu.metricsPort" -}}
+{{- regexReplaceAll "^.*:" (include "amd-gpu.metricsAddress" .) "" | int -}}
+{{- end -}}
