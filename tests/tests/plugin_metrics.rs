@@ -1,7 +1,8 @@
 //! The plugin's `/metrics`, `/healthz` and `/readyz` end to end: after a few
 //! Allocate calls (one of them failing) on the world of the Allocate tests,
 //! the scrape is parsed with a Prometheus text parser and every series is
-//! checked. Needs root.
+//! checked, HAMi's vGPU series among them as HAMi's dashboard reads them.
+//! Needs root.
 
 // An integration-test file is itself the test module, and a failed unwrap is a
 // failed test here.
@@ -51,9 +52,7 @@ async fn scenario() {
         "an unknown GPU fails"
     );
 
-    let (status, body) = w.http("/metrics");
-    assert_eq!(status, 200, "{body}");
-    let scrape = Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let scrape = scrape_with_activity(&w, g1).await;
     for (i, gpu) in w.gpus.iter().enumerate() {
         let id = gpu.id.as_str();
         let of = |name: &str| value(&scrape, name, &[("gpu", id)]);
@@ -100,6 +99,74 @@ async fn scenario() {
         assert_eq!(value(&scrape, connection, &[]), 1.0, "{connection}");
     }
     check_landlock(&scrape);
+    check_hami(&scrape, g0, g1);
+}
+
+/// HAMi's per-container series, with the labels HAMi's dashboard
+/// (Project-HAMi/HAMi:dashboards/hami-vgpu-dashboard.json) filters and
+/// prints: `namespace`, `pod`, `container`, `vdevice_index`. The two
+/// quarters share GPU 0, so its activity is neither's; `whole` alone holds
+/// GPU 1 and gets its activity.
+fn check_hami(scrape: &Scrape, g0: &Gpu, g1: &Gpu) {
+    for (pod, gpu, mib) in [
+        ("quarter-a", g0, 49_152.0),
+        ("quarter-b", g0, 49_152.0),
+        ("whole", g1, 196_608.0),
+    ] {
+        let labels = [
+            ("namespace", "default"),
+            ("pod", pod),
+            ("vdevice_index", "0"),
+            ("device_uuid", gpu.id.as_str()),
+            ("zone", "vGPU"),
+        ];
+        let limit = sample(scrape, "hami_vgpu_memory_limit_bytes", &labels);
+        assert!(!limit.labels.get("container").unwrap_or_default().is_empty());
+        assert_eq!(
+            value(scrape, "hami_vgpu_memory_limit_bytes", &labels),
+            mib * MIB
+        );
+        let utilization = find(scrape, "hami_container_device_utilization_ratio", &labels);
+        let host = find(
+            scrape,
+            "hami_host_gpu_utilization_ratio",
+            &[("device_uuid", gpu.id.as_str())],
+        );
+        assert_eq!(host, Some(41.0));
+        let want = if pod == "whole" { host } else { None };
+        assert_eq!(utilization, want, "{pod}'s utilization");
+    }
+}
+
+/// Every GPU shows 41 % activity in sysfs; scrapes until amd-gpud's usage
+/// answer (cached 2 s, asked every 5 s) shows it for `gpu`.
+async fn scrape_with_activity(w: &World, gpu: &Gpu) -> Scrape {
+    let devices = w.root().join("sys/bus/pci/devices");
+    for entry in std::fs::read_dir(&devices).unwrap() {
+        std::fs::write(entry.unwrap().path().join("gpu_busy_percent"), "41\n").unwrap();
+    }
+    let uuid = [("device_uuid", gpu.id.as_str())];
+    for _ in 0..160 {
+        let (status, body) = w.http("/metrics");
+        assert_eq!(status, 200, "{body}");
+        let scrape = Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+        if find(&scrape, "hami_host_gpu_utilization_ratio", &uuid) == Some(41.0) {
+            return scrape;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("no GPU activity in 40 s");
+}
+
+fn find(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .and_then(|s| match s.value {
+            Value::Gauge(v) => Some(v),
+            _ => None,
+        })
 }
 
 /// The world runs the plugin with `--sandbox required` where the kernel

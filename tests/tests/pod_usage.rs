@@ -3,7 +3,9 @@
 //! `dmem.current` on the fake host; the plugin joins `GetUsage` with the
 //! grants HAMi made and exports HAMi's series. A pod's usage shows under its
 //! namespace, pod and container; a process outside every pod cgroup is
-//! never counted; the series go when the pod ends. With AMD SMI loaded, the
+//! never counted; the series go when the pod ends. HAMi's dashboard finds
+//! every node-side series it queries, with the labels it reads, and the
+//! node exports exactly the HAMi series AMD can fill. With AMD SMI loaded, the
 //! per-GPU series carry its figures where it has them and sysfs's where it
 //! has none. Needs root.
 
@@ -23,6 +25,32 @@ use prometheus_parse::{Scrape, Value};
 use tests::apiserver::Kind;
 
 const MIB: u64 = 1024 * 1024;
+
+/// The node-side series HAMi's Grafana dashboard queries
+/// (Project-HAMi/HAMi:dashboards/hami-vgpu-dashboard.json), with the labels
+/// its queries filter, join or group by and its legends print.
+const DASHBOARD: [(&str, &[&str]); 5] = [
+    (
+        "hami_host_gpu_memory_used_bytes",
+        &["device_uuid", "device_type", "device_index"],
+    ),
+    (
+        "hami_host_gpu_utilization_ratio",
+        &["device_uuid", "device_type", "device_index"],
+    ),
+    (
+        "hami_vgpu_memory_used_bytes",
+        &["namespace", "pod", "container", "vdevice_index"],
+    ),
+    (
+        "hami_vgpu_memory_limit_bytes",
+        &["namespace", "pod", "container", "vdevice_index"],
+    ),
+    (
+        "hami_container_device_utilization_ratio",
+        &["namespace", "pod", "container", "vdevice_index"],
+    ),
+];
 const CID: &str = "4e5d6c7b8a9f0e1d2c3b4a5f6e7d8c9b0a1f2e3d4c5b6a7f8e9d0c1b2a3f4e5d";
 
 #[test]
@@ -165,9 +193,11 @@ async fn scenario() {
     let container = [("namespace", "default"), ("pod", "llm"), ("container", "c")];
     let scrape = until(&w, |s| {
         value(s, "hami_vgpu_memory_used_bytes", &container) == Some(320.0 * 1_048_576.0)
+            && value(s, "hami_host_gpu_power_usage_watts", &[]).is_some()
     })
     .await;
     check_series(&scrape, &w.gpus[0].id, &bdf);
+    check_hami_contract(&scrape, &w.gpus[0].id);
 
     // The pod ends: its processes go, then the pod; so do its series.
     std::fs::remove_dir_all(root.join("sys/class/kfd/kfd/proc/4100")).unwrap();
@@ -213,6 +243,8 @@ fn gpu_and_pod_files(root: &Path, bdf: &str, pod_cgroup: &str) {
         &format!("{}\n", 9u64 << 30),
     );
     write(&pci.join("gpu_busy_percent"), "63\n");
+    write(&pci.join("hwmon/hwmon0/temp1_input"), "52000\n");
+    write(&pci.join("hwmon/hwmon0/power1_average"), "310000000\n");
 }
 
 fn check_series(scrape: &Scrape, gpu: &str, bdf: &str) {
@@ -252,6 +284,69 @@ fn check_series(scrape: &Scrape, gpu: &str, bdf: &str) {
         320.0 * 1_048_576.0,
         "the host service's VRAM counts for no pod"
     );
+}
+
+/// What HAMi's users read: pod `llm`'s container `c`, alone on GPU 0, gets
+/// the GPU's activity as its utilization; temperature and power carry
+/// HAMi's host labels; the dashboard's series carry its labels; the HAMi
+/// series are exactly those AMD can fill.
+fn check_hami_contract(scrape: &Scrape, gpu: &str) {
+    let c = [
+        ("namespace", "default"),
+        ("pod", "llm"),
+        ("container", "c"),
+        ("vdevice_index", "0"),
+        ("device_uuid", gpu),
+        ("zone", "vGPU"),
+    ];
+    let utilization = value(scrape, "hami_container_device_utilization_ratio", &c);
+    assert_eq!(
+        utilization,
+        Some(63.0),
+        "the only holder gets the GPU's activity"
+    );
+    let memory = value(scrape, "hami_container_device_memory_bytes", &c);
+    assert_eq!(memory, Some(320.0 * 1_048_576.0));
+    let host = [
+        ("node", common::world::NODE),
+        ("device_index", "0"),
+        ("device_uuid", gpu),
+        ("zone", "vGPU"),
+    ];
+    let temperature = value(scrape, "hami_host_gpu_temperature_celsius", &host);
+    assert_eq!(temperature, Some(52.0));
+    assert_eq!(
+        value(scrape, "hami_host_gpu_power_usage_watts", &host),
+        Some(310.0)
+    );
+    let node = [("node", common::world::NODE)];
+    assert_eq!(
+        value(scrape, "hami_vgpumonitor_collect_success", &node),
+        Some(1.0)
+    );
+    for (name, labels) in DASHBOARD {
+        let samples: Vec<_> = scrape.samples.iter().filter(|s| s.metric == name).collect();
+        assert!(!samples.is_empty(), "the dashboard's {name} is missing");
+        for sample in samples {
+            for label in labels {
+                let got = sample.labels.get(label).unwrap_or_default();
+                assert!(!got.is_empty(), "{name} without {label}: {sample:?}");
+            }
+        }
+    }
+    let hami: std::collections::BTreeSet<&str> = scrape
+        .samples
+        .iter()
+        .map(|s| s.metric.as_str())
+        .filter(|m| m.starts_with("hami_"))
+        .collect();
+    let fillable: std::collections::BTreeSet<&str> = plugin::testing::metrics::hami::HAMI_SERIES
+        .into_iter()
+        .collect();
+    assert_eq!(hami, fillable, "the HAMi series AMD can fill, and no other");
+    for name in plugin::testing::metrics::hami::HAMI_UNFILLED {
+        assert!(!hami.contains(name), "{name} is exported");
+    }
 }
 
 /// Scrapes until `done` holds (amd-gpud caches 2 s, the plugin asks every 5 s).
