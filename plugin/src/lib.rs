@@ -295,6 +295,7 @@ fn start_kube(
         annotations_protected: cli.annotations_protected,
         staged_hooks: cli.loader_check.then(|| cli.loader_hook_root.clone()),
         hip_log_level: cli.hip_log_level,
+        split_count: cli.split_count,
     };
     let allocator = Arc::new(allocate::Allocator::new(
         client.clone(),
@@ -314,6 +315,7 @@ fn start_kube(
         pods: allocator.clone(),
         snapshots: snapshots.clone(),
         events: Some(events.clone()),
+        split_count: cli.split_count,
     });
     let loader = cli.loader_check.then(|| {
         Arc::new(loader::LoaderCheck {

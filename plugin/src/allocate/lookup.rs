@@ -201,6 +201,7 @@ mod tests {
             annotations_protected: false,
             staged_hooks: None,
             hip_log_level: 0,
+            split_count: 0,
         };
         let (_, snapshots) = watch::channel(Snapshot::default());
         let caches = Caches::from_stores("n", nodes, pods);

@@ -73,6 +73,9 @@ pub(crate) struct AllocateConfig {
     /// `LIBHIP_LOG_LEVEL` for containers with the hook; 0: not set
     /// (`--hip-log-level`).
     pub(crate) hip_log_level: u8,
+    /// `--split-count`: the slots a GPU offers, to tell which device HAMi's
+    /// (up to v2.9) `<node>-AMDGPU-<n>` names.
+    pub(crate) split_count: u32,
 }
 
 /// Serialised Allocate over the caches.
@@ -328,7 +331,7 @@ impl Allocator {
                 assigned: entry.len(),
             });
         }
-        let totals = occupancy::Totals::of(&self.snapshots.borrow());
+        let totals = occupancy::Totals::of(&self.snapshots.borrow(), self.config.split_count);
         let mut entry = entry;
         crate::inventory::ids::rename_current(&totals.aliases, &mut entry)
             .map_err(AllocateError::Unresolved)?;

@@ -45,8 +45,9 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    /// The GPUs of `snapshot`, under their current IDs.
-    pub(crate) fn of(snapshot: &crate::inventory::Snapshot) -> Self {
+    /// The GPUs of `snapshot`, under their current IDs (and HAMi's
+    /// `<node>-AMDGPU-<n>` over `split_count` slots a GPU).
+    pub(crate) fn of(snapshot: &crate::inventory::Snapshot, split_count: u32) -> Self {
         let by_id = |value: fn(&crate::inventory::Device) -> u32| {
             snapshot
                 .devices()
@@ -57,7 +58,7 @@ impl Totals {
         Self {
             cus: by_id(|g| g.compute_units),
             units: by_id(|g| g.cus_per_wgp.max(1)),
-            aliases: Aliases::of(snapshot),
+            aliases: Aliases::of(snapshot).with_hami_indices(snapshot, split_count),
         }
     }
 }

@@ -234,6 +234,7 @@ mod tests {
             annotations_protected: false,
             staged_hooks: None,
             hip_log_level,
+            split_count: 0,
         }
     }
 

@@ -13,6 +13,18 @@
 //! under two names. A form that names several devices (the eight CPX
 //! partitions of an MI300X share one `unique_id`) is refused with the
 //! candidates, never guessed.
+//!
+//! HAMi up to v2.9 did not read the register annotation for AMD: it made
+//! up `<node>-AMDGPU-<n>` over the node's `amd.com/gpu` capacity, and wrote
+//! those into the pod annotations. The Go plugin resolves `n` as the n-th
+//! kubelet device in its list order, GPU `sorted[n / split]`
+//! (Project-HAMi/amd-device-plugin:internal/pkg/plugin/plugin.go,
+//! `parseAMDGPUIndex`; its test `TestResolveUpstreamAMDGPUIndex`). Here it
+//! is the n-th of our kubelet devices in the order ListAndWatch sends
+//! them: devices in PCI order, each with its slot count
+//! ([`Aliases::with_hami_indices`]); the same GPU when every GPU has the
+//! same count, and still the device kubelet's n-th slot belongs to when
+//! counts differ (`--split-count 0` on a mixed node).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -37,6 +49,9 @@ pub(crate) enum Unresolved {
 pub(crate) struct Aliases {
     current: BTreeSet<String>,
     others: HashMap<String, BTreeSet<String>>,
+    /// Each device's id and kubelet slot count, in ListAndWatch's order,
+    /// for HAMi's `<node>-AMDGPU-<n>`; empty when not asked for.
+    slots: Vec<(String, u32)>,
 }
 
 impl Aliases {
@@ -54,6 +69,41 @@ impl Aliases {
         aliases
     }
 
+    /// These aliases, and HAMi (up to v2.9)'s `<node>-AMDGPU-<n>`: the
+    /// device of kubelet's `n`-th slot, `split_count` as `--split-count`.
+    pub(crate) fn with_hami_indices(mut self, snapshot: &Snapshot, split_count: u32) -> Self {
+        self.slots = snapshot
+            .devices()
+            .iter()
+            .map(|d| {
+                let count = if d.is_partition() {
+                    1
+                } else {
+                    super::slots_of(d, split_count)
+                };
+                (d.id.clone(), count)
+            })
+            .collect();
+        self
+    }
+
+    /// The device HAMi's `<node>-AMDGPU-<n>` names, if `id` is one and `n`
+    /// is within the node's slots.
+    fn hami_index(&self, id: &str) -> Option<&str> {
+        let (node, n) = id.rsplit_once(HAMI_INDEX)?;
+        if node.is_empty() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let mut n: u64 = n.parse().ok()?;
+        for (device, count) in &self.slots {
+            match n.checked_sub(u64::from(*count)) {
+                Some(rest) => n = rest,
+                None => return Some(device),
+            }
+        }
+        None
+    }
+
     /// The current ID `id` names: itself when it is one, else the single
     /// device it is an older name of.
     ///
@@ -62,6 +112,9 @@ impl Aliases {
     pub(crate) fn resolve(&self, id: &str) -> Result<String, Unresolved> {
         if self.current.contains(id) {
             return Ok(id.to_owned());
+        }
+        if let Some(device) = self.hami_index(id) {
+            return Ok(device.to_owned());
         }
         let candidates = self
             .others
@@ -83,6 +136,9 @@ impl Aliases {
         self.resolve(id).unwrap_or_else(|_| id.to_owned())
     }
 }
+
+/// What separates the node from the index in HAMi's (up to v2.9) AMD ids.
+const HAMI_INDEX: &str = "-AMDGPU-";
 
 /// Renames each device of `entry` (a HAMi grant) to its current ID, so that
 /// a grant made under an older name is served on the device it names. A

@@ -87,6 +87,9 @@ pub(crate) struct VramCaps {
     pub(crate) pods: Arc<dyn PodLookup>,
     pub(crate) snapshots: watch::Receiver<Snapshot>,
     pub(crate) events: Option<Events>,
+    /// `--split-count`, to tell which GPU HAMi's (up to v2.9)
+    /// `<node>-AMDGPU-<n>` names.
+    pub(crate) split_count: u32,
 }
 
 impl fmt::Debug for VramCaps {
@@ -169,13 +172,16 @@ impl VramCaps {
         let starting = self.owners.container(ids);
         let resource = self.owners.resource();
         let snapshot = self.snapshots.borrow().clone();
-        let limits =
-            pod_limits(&pod, &snapshot, resource, starting.as_deref()).map_err(|source| {
-                CapError::BadPod {
-                    pod: who.clone(),
-                    source: source.into(),
-                }
-            })?;
+        let limits = pod_limits(
+            &pod,
+            (&snapshot, self.split_count),
+            resource,
+            starting.as_deref(),
+        )
+        .map_err(|source| CapError::BadPod {
+            pod: who.clone(),
+            source: source.into(),
+        })?;
         if limits.is_empty() {
             return Ok(());
         }
@@ -204,7 +210,7 @@ impl VramCaps {
 /// not have, or a sum overflows.
 pub(crate) fn pod_limits(
     pod: &Pod,
-    snapshot: &Snapshot,
+    (snapshot, split_count): (&Snapshot, u32),
     resource: &str,
     starting: Option<&str>,
 ) -> Result<BTreeMap<String, u64>, LimitsError> {
@@ -216,7 +222,7 @@ pub(crate) fn pod_limits(
     let grants = containers
         .iter()
         .filter(|c| !c.is_empty())
-        .map(|devices| grant_of(devices, snapshot))
+        .map(|devices| grant_of(devices, snapshot, split_count))
         .collect::<Result<Vec<_>, _>>()?;
     match entry_containers(pod, resource, grants.len()) {
         Some(listed) => Ok(phase::cap(&grants, &listed, starting)),
@@ -236,10 +242,15 @@ pub(crate) fn pod_limits(
 }
 
 /// One container's grant per region (the GPU's PCI address), in bytes.
-fn grant_of(devices: &[ContainerDevice], snapshot: &Snapshot) -> Result<phase::Grant, LimitsError> {
+fn grant_of(
+    devices: &[ContainerDevice],
+    snapshot: &Snapshot,
+    split_count: u32,
+) -> Result<phase::Grant, LimitsError> {
     let mut grant = phase::Grant::new();
     // A grant made under an older name of a device counts on that device.
-    let aliases = crate::inventory::ids::Aliases::of(snapshot);
+    let aliases =
+        crate::inventory::ids::Aliases::of(snapshot).with_hami_indices(snapshot, split_count);
     for device in devices {
         let current = aliases
             .resolve(&device.uuid)

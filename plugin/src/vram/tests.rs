@@ -22,10 +22,24 @@ fn pod(allocated: &str) -> Pod {
     .unwrap()
 }
 
+/// HAMi up to v2.9 wrote `<node>-AMDGPU-<n>`: slot 10 (10 a GPU) is
+/// GPU-B's, and its VRAM is capped in GPU-B's region.
+#[test]
+fn a_hami_v2_9_grant_is_capped_on_the_gpu_of_its_slot() {
+    let old = pod("node-1-AMDGPU-10,AMDGPU,2048,0:;");
+    let limits = pod_limits(&old, (&snapshot(), 0), "amd.com/gpu", None).unwrap();
+    assert_eq!(
+        limits,
+        BTreeMap::from([("0000:15:00.0".to_owned(), 2048 * MIB)])
+    );
+    let limits = pod_limits(&old, (&snapshot(), 5), "amd.com/gpu", None);
+    assert!(limits.is_err(), "slot 10 of 2 GPUs of 5: none");
+}
+
 #[test]
 fn the_limit_is_the_pods_sum_per_gpu() {
     let two = pod("GPU-A,T,4096,76:;GPU-A,T,2048,38:GPU-B,T,1024,10:;");
-    let limits = pod_limits(&two, &snapshot(), "amd.com/gpu", None).unwrap();
+    let limits = pod_limits(&two, (&snapshot(), 0), "amd.com/gpu", None).unwrap();
     assert_eq!(
         limits,
         BTreeMap::from([
@@ -33,13 +47,13 @@ fn the_limit_is_the_pods_sum_per_gpu() {
             ("0000:15:00.0".to_owned(), 1024 * MIB),
         ])
     );
-    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), &snapshot(), "amd.com/gpu", None)
+    let err = pod_limits(&pod("GPU-Z,T,1,1:;"), (&snapshot(), 0), "amd.com/gpu", None)
         .unwrap_err()
         .to_string();
     assert!(err.contains("GPU-Z"), "{err}");
     let none: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
     assert!(
-        pod_limits(&none, &snapshot(), "amd.com/gpu", None)
+        pod_limits(&none, (&snapshot(), 0), "amd.com/gpu", None)
             .unwrap_err()
             .to_string()
             .contains(ALLOCATED_KEY)
@@ -85,6 +99,7 @@ fn caps(mode: DmemMode, sink: FakeSink, pods: Vec<Pod>) -> (VramCaps, Arc<FakeSi
         }),
         snapshots,
         events: None,
+        split_count: 0,
     };
     (caps, sink)
 }

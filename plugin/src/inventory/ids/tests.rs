@@ -105,3 +105,75 @@ fn a_grant_under_an_older_name_is_served_under_the_current_one() {
         "left for the caller to report"
     );
 }
+
+/// Four MI300X at increasing PCI addresses, the second one gfx12-like with
+/// fewer slots when the split is per GPU.
+fn four_gpus() -> Snapshot {
+    let gpus: Vec<GpuInfo> = [
+        "0000:05:00.0",
+        "0000:15:00.0",
+        "0000:25:00.0",
+        "0000:35:00.0",
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, bdf)| {
+        let mut gpu = testutil::mi300x(bdf, &format!("GPU-{i:016x}"));
+        gpu.published_id = format!("GPU-{i:016x}");
+        gpu
+    })
+    .collect();
+    Snapshot::from_gpud(&gpus, BTreeMap::new(), DmemBackend::default())
+}
+
+/// HAMi up to v2.9 wrote `<node>-AMDGPU-<n>`; as in the Go plugin's
+/// `TestResolveUpstreamAMDGPUIndex` (split 10), `n = split + 1` is the
+/// second GPU, `2 * split` the third, and ids past the node's slots or
+/// without a number name nothing.
+#[test]
+fn hami_v2_9_ids_name_the_gpu_of_that_kubelet_slot() {
+    let node = four_gpus();
+    let aliases = Aliases::of(&node).with_hami_indices(&node, 10);
+    let gpu = |i: usize| format!("GPU-{i:016x}");
+    for (n, want) in [(0, 0), (9, 0), (11, 1), (20, 2), (39, 3)] {
+        let id = format!("node-AMDGPU-{n}");
+        assert_eq!(aliases.resolve(&id), Ok(gpu(want)), "{id}");
+    }
+    for id in [
+        "node-AMDGPU-40",
+        "node-AMDGPU-x",
+        "node-AMDGPU-",
+        "-AMDGPU-3",
+        "plain",
+    ] {
+        assert!(aliases.resolve(id).is_err(), "{id}");
+    }
+    // Another split count moves the boundaries with it.
+    let aliases = Aliases::of(&node).with_hami_indices(&node, 4);
+    assert_eq!(aliases.resolve("gpu-node-1-AMDGPU-5"), Ok(gpu(1)));
+    // Without the slots (the VRAM path), nothing is guessed.
+    assert!(Aliases::of(&node).resolve("node-AMDGPU-0").is_err());
+}
+
+/// Slots differ per GPU (a gfx12 GPU offers 2 with `--split-count 0`):
+/// `n` still follows kubelet's list.
+#[test]
+fn hami_ids_follow_uneven_slot_counts() {
+    let mut node = four_gpus();
+    let mut devices = node.devices().to_vec();
+    devices[0].gfx = "gfx1201".into();
+    node = Snapshot::new(devices, BTreeMap::new(), true, DmemBackend::default());
+    let aliases = Aliases::of(&node).with_hami_indices(&node, 0);
+    assert_eq!(
+        aliases.resolve("n-AMDGPU-1").as_deref(),
+        Ok("GPU-0000000000000000")
+    );
+    assert_eq!(
+        aliases.resolve("n-AMDGPU-2").as_deref(),
+        Ok("GPU-0000000000000001")
+    );
+    assert_eq!(
+        aliases.resolve("n-AMDGPU-12").as_deref(),
+        Ok("GPU-0000000000000002")
+    );
+}
