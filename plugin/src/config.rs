@@ -6,8 +6,11 @@ use std::{net::SocketAddr, path::PathBuf, str::FromStr};
 use clap::Parser;
 
 use crate::{
-    choice::InvalidChoice, inventory::partition::OperatingMode, kube::KubeAccess,
-    preferred::Policy, sandbox::SandboxMode,
+    choice::InvalidChoice,
+    inventory::{exclude::ExcludeGpus, partition::OperatingMode},
+    kube::KubeAccess,
+    preferred::Policy,
+    sandbox::SandboxMode,
 };
 
 /// Default kubelet device-plugin directory.
@@ -107,6 +110,12 @@ pub(crate) struct Cli {
     /// that offers it is switched to at start, through amd-gpud; unset: none.
     #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE")]
     pub(crate) compute_partition: Option<String>,
+    /// GPUs the node keeps for itself, as the Go plugin's `excludeGPUs`:
+    /// PCI addresses (`0000:83:00.0`, `83:00.0`) or DRM cards (`card1`),
+    /// comma- or space-separated. They and their partitions are neither
+    /// offered to kubelet nor registered with HAMi.
+    #[arg(long, env = "AMDGPU_DP_EXCLUDE_GPUS", default_value = "", value_parser = ExcludeGpus::from_str, value_name = "LIST")]
+    pub(crate) exclude_gpus: ExcludeGpus,
     /// The landlock sandbox the plugin puts itself in after start-up:
     /// `best-effort` (what the kernel supports, logged), `required` (anything
     /// less than full enforcement is an error), `off`.

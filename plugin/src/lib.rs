@@ -151,7 +151,11 @@ pub(crate) async fn serve(
     let metrics = Arc::new(Metrics::new());
     metrics.set_landlock(landlock_status());
     let bus = cli.bus_address.clone().map_or(Bus::System, Bus::Address);
-    let followed = gpud::client::spawn(bus.clone(), Duration::from_secs(cli.health_pulse));
+    let followed = gpud::client::spawn(
+        bus.clone(),
+        Duration::from_secs(cli.health_pulse),
+        cli.exclude_gpus.clone(),
+    );
     let raw = followed.snapshots;
     let mode = switch::operating_mode(client.as_ref(), &cli.node_name, cli.operating_mode).await;
     let (mode_tx, mode_rx) = watch::channel(mode);

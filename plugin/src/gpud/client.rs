@@ -26,7 +26,7 @@ use super::{
     bus::{Bus, SessionError, connect},
     reach::{Reach, Unreachable},
 };
-use crate::inventory::{Device, Snapshot};
+use crate::inventory::{Device, Snapshot, exclude::ExcludeGpus};
 
 /// How long one whole read of the inventory may take. amd-gpud serves it
 /// from memory (milliseconds for 64 partitions); a read that takes longer
@@ -47,6 +47,10 @@ struct Feeds {
     snapshots: watch::Sender<Snapshot>,
     reach: watch::Sender<Reach>,
     uid: u32,
+    /// `--exclude-gpus`, and what it did at the last read: the GPUs left
+    /// out, and the entries that named none.
+    exclude: ExcludeGpus,
+    excluded: std::sync::Mutex<(Vec<String>, Vec<String>)>,
 }
 
 impl Feeds {
@@ -60,6 +64,31 @@ impl Feeds {
             what,
             err,
         );
+    }
+
+    /// `gpus` and `partitions` without the GPUs `--exclude-gpus` names,
+    /// saying which when that changes; an entry that newly names no GPU is
+    /// a warning.
+    fn excluding(&self, gpus: Vec<GpuInfo>, partitions: Partitions) -> (Vec<GpuInfo>, Partitions) {
+        if self.exclude.is_empty() {
+            return (gpus, partitions);
+        }
+        let kept = self.exclude.apply(gpus, partitions);
+        let mut last = self
+            .excluded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.0 != kept.excluded {
+            info!(gpus = ?kept.excluded, "GPUs left out (--exclude-gpus)");
+        }
+        for entry in kept.unmatched.iter().filter(|e| !last.1.contains(e)) {
+            warn!(
+                "--exclude-gpus (AMDGPU_DP_EXCLUDE_GPUS) names {entry}, which is no GPU of this \
+                 node; nothing is excluded for it"
+            );
+        }
+        *last = (kept.excluded, kept.unmatched);
+        (kept.gpus, kept.partitions)
     }
 
     fn set_reach(&self, reach: Reach, what: &str, err: &SessionError) {
@@ -86,8 +115,9 @@ fn kind(reach: &Reach) -> Option<&'static str> {
 /// Starts following amd-gpud; the receivers always hold the latest snapshot
 /// and reach. Besides the signals, the whole inventory (health included) is
 /// read again every `pulse`, so that a missed signal costs at most one pulse;
-/// a zero pulse reads on signals only.
-pub(crate) fn spawn(bus: Bus, pulse: Duration) -> Followed {
+/// a zero pulse reads on signals only. The GPUs `exclude` names are left
+/// out of every snapshot.
+pub(crate) fn spawn(bus: Bus, pulse: Duration, exclude: ExcludeGpus) -> Followed {
     let (snapshots, snapshots_rx) = watch::channel(Snapshot::default());
     let (reach, reach_rx) = watch::channel(Reach::default());
     let uid = rustix::process::getuid().as_raw();
@@ -97,6 +127,8 @@ pub(crate) fn spawn(bus: Bus, pulse: Duration) -> Followed {
             snapshots,
             reach,
             uid,
+            exclude,
+            excluded: std::sync::Mutex::default(),
         },
         pulse,
     ));
@@ -206,7 +238,7 @@ impl Resync {
 /// Reads every GPU; on failure (or no answer within [`READ_TIMEOUT`]) keeps
 /// the old snapshot and marks it stale.
 async fn refresh(conn: &Connection, node: &NodeProxy<'_>, feeds: &Feeds) {
-    match read_within(conn, node, READ_TIMEOUT).await {
+    match read_within(conn, node, READ_TIMEOUT, feeds).await {
         Ok(mut fresh) => {
             if feeds.reach.send_replace(Reach::Connected) != Reach::Connected {
                 info!("read the inventory from amd-gpud");
@@ -227,14 +259,17 @@ async fn refresh(conn: &Connection, node: &NodeProxy<'_>, feeds: &Feeds) {
     }
 }
 
-/// The whole inventory and the VRAM cap backend, read within `limit`.
+/// The whole inventory (without the excluded GPUs) and the VRAM cap
+/// backend, read within `limit`.
 async fn read_within(
     conn: &Connection,
     node: &NodeProxy<'_>,
     limit: Duration,
+    feeds: &Feeds,
 ) -> Result<Snapshot, SessionError> {
     let read = async {
         let (gpus, partitions) = read_all(conn, node).await?;
+        let (gpus, partitions) = feeds.excluding(gpus, partitions);
         let dmem = node.dmem_backend().await.map_or_else(
             |err| DmemBackend::Off {
                 reason: format!("amd-gpud does not report its VRAM cap backend ({err})"),
@@ -284,7 +319,9 @@ fn keep_vanished(previous: &Snapshot, fresh: &mut Snapshot) {
     fresh.add(kept);
 }
 
-type Inventory = (Vec<GpuInfo>, BTreeMap<String, Vec<PartitionInfo>>);
+/// Each GPU's partitions, by the GPU's PCI address.
+type Partitions = BTreeMap<String, Vec<PartitionInfo>>;
+type Inventory = (Vec<GpuInfo>, Partitions);
 
 async fn read_all(conn: &Connection, node: &NodeProxy<'_>) -> Result<Inventory, SessionError> {
     let mut gpus = Vec::new();

@@ -7,6 +7,7 @@
 //!   partition), with its id;
 //! * [`partition`]: the view of the inventory in partition mode;
 //! * [`ids`]: every name a device has been published under;
+//! * [`exclude`]: the GPUs `--exclude-gpus` keeps out of everything;
 //! * [`health`]: Node Events for GPU health transitions.
 //!
 //! Each GPU is offered as `count` devices `<gpu-id>#<slot>`. The GPU id is
@@ -15,6 +16,7 @@
 //! from the PCI address.
 
 pub(crate) mod device;
+pub(crate) mod exclude;
 pub(crate) mod health;
 pub(crate) mod ids;
 pub(crate) mod partition;
