@@ -106,10 +106,12 @@ pub(crate) struct Cli {
     /// `hami.io/amd-operating-mode` wins over this.
     #[arg(long, env = "OPERATING_MODE", default_value = "cu", value_parser = OperatingMode::from_str)]
     pub(crate) operating_mode: OperatingMode,
-    /// Compute partition mode (`SPX`, `DPX`, `QPX`, `CPX`, ...) every idle GPU
-    /// that offers it is switched to at start, through amd-gpud; unset: none.
-    #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE")]
-    pub(crate) compute_partition: Option<String>,
+    /// Compute partition mode (`SPX`, `DPX`, `TPX`, `QPX`, `CPX`, in any
+    /// case) every idle GPU that offers it is switched to at start, through
+    /// amd-gpud; unset: none. The node annotation
+    /// `hami.io/amd-compute-partition` wins over this.
+    #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE", value_parser = crate::mode::compute::flag)]
+    pub(crate) compute_partition: Option<ipc::ComputeMode>,
     /// GPUs the node keeps for itself, as the Go plugin's `excludeGPUs`:
     /// PCI addresses (`0000:83:00.0`, `83:00.0`) or DRM cards (`card1`),
     /// comma- or space-separated. They and their partitions are neither

@@ -221,7 +221,7 @@ fn landlock_status() -> metrics::LandlockStatus {
 }
 
 /// The tasks that follow amd-gpud and the node beside the kubelet side: the
-/// start-up partition switch, the operating-mode annotation, and the
+/// compute partition (flag and annotation), the operating-mode annotation, and the
 /// reports of an unreachable amd-gpud.
 fn spawn_followers(
     cli: &Cli,
@@ -240,14 +240,13 @@ fn spawn_followers(
         resource_name: cli.resource_name.clone(),
         events: side.map(|s| s.events.clone()),
     };
-    if let Some(target) = cli.compute_partition.clone() {
-        tokio::spawn(switch::switch_idle_gpus(
-            bus.clone(),
-            raw,
-            sources.clone(),
-            target,
-        ));
-    }
+    tokio::spawn(mode::compute::follow(
+        bus.clone(),
+        raw,
+        sources.clone(),
+        cli.compute_partition.clone(),
+        until(stopped.clone()),
+    ));
     tokio::spawn(mode::follow::follow(
         sources,
         cli.operating_mode,
