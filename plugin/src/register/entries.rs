@@ -5,8 +5,8 @@
 //! properties go once per GPU into `hami.io/node-amd-gpus` ([`super::gpus`]).
 //!
 //! Writing is idempotent: the plugin patches the node only when the value it
-//! wants differs from what the node carries (watch-fed), and on a graceful
-//! stop it republishes every device with `health: false`.
+//! wants differs from what the node carries (watch-fed). A graceful stop
+//! leaves the published health as it is (see [`super`]).
 
 use crate::{
     hami::{DeviceInfo, register::DEVICE_VENDOR},
