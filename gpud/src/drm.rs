@@ -18,6 +18,12 @@ pub const MODES: [&str; 5] = ["SPX", "DPX", "TPX", "QPX", "CPX"];
 pub struct PciDeviceInfo {
     /// `vendor`, e.g. 0x1002.
     pub vendor: Option<u32>,
+    /// `device`, the PCI device id (0x74a1).
+    pub device: Option<u16>,
+    /// `revision`, the PCI revision (0x00, 0xc0).
+    pub revision: Option<u8>,
+    /// `unique_id` (16 hex digits; absent on GPUs without a serial).
+    pub unique_id: Option<u64>,
     /// `numa_node`; `None` when absent or -1.
     pub numa_node: Option<u32>,
     /// `mem_info_vram_total`, bytes.
@@ -68,6 +74,9 @@ pub fn read_pci_device(paths: &HostPaths, bdf: PciAddress) -> Option<PciDeviceIn
     let text = |name: &str| read_trimmed(&dir.join(name));
     Some(PciDeviceInfo {
         vendor: text("vendor").and_then(|v| parse_hex(&v)),
+        device: text("device").and_then(|v| parse_hex(&v)?.try_into().ok()),
+        revision: text("revision").and_then(|v| parse_hex(&v)?.try_into().ok()),
+        unique_id: text("unique_id").and_then(|v| u64::from_str_radix(&v, 16).ok()),
         numa_node: text("numa_node")
             .and_then(|v| v.parse::<i64>().ok())
             .and_then(|v| u32::try_from(v).ok()),
@@ -185,6 +194,9 @@ mod tests {
         fs::create_dir_all(pci.join("drm/card3")).unwrap();
         fs::create_dir_all(pci.join("drm/renderD131")).unwrap();
         fs::write(pci.join("vendor"), "0x1002\n").unwrap();
+        fs::write(pci.join("device"), "0x74a1\n").unwrap();
+        fs::write(pci.join("revision"), "0xc1\n").unwrap();
+        fs::write(pci.join("unique_id"), "af54e92b0a5d57c8\n").unwrap();
         fs::write(pci.join("numa_node"), "-1\n").unwrap();
         fs::write(pci.join("current_compute_partition"), "cpx\n").unwrap();
         fs::create_dir_all(pci.join("compute_partition_config")).unwrap();
@@ -209,6 +221,8 @@ mod tests {
 
         let info = read_pci_device(&paths, "0000:05:00.0".parse().unwrap()).unwrap();
         assert_eq!(info.vendor, Some(0x1002));
+        assert_eq!((info.device, info.revision), (Some(0x74a1), Some(0xc1)));
+        assert_eq!(info.unique_id, Some(0xaf54_e92b_0a5d_57c8));
         assert_eq!(info.numa_node, None);
         assert_eq!(info.compute_partition.as_deref(), Some("CPX"));
         assert_eq!(

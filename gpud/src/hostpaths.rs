@@ -30,6 +30,10 @@ pub struct HostPaths {
     /// Where the node's memory hook `libamvgpu.so` is installed
     /// (`/usr/local/vgpu`, the plugin's `--hook-path`).
     pub hook_dir: PathBuf,
+    /// libdrm's `amdgpu.ids`, the first that exists: Debian's
+    /// `libdrm-common` (`/usr/share/libdrm/amdgpu.ids`), then AMD's
+    /// `libdrm-amdgpu-common` (`/opt/amdgpu/share/libdrm/amdgpu.ids`).
+    pub amdgpu_ids: Vec<PathBuf>,
 }
 
 impl HostPaths {
@@ -48,6 +52,10 @@ impl HostPaths {
             state: root.join("var/lib/amd-gpud"),
             run: root.join("run"),
             hook_dir: root.join("usr/local/vgpu"),
+            amdgpu_ids: vec![
+                root.join("usr/share/libdrm/amdgpu.ids"),
+                root.join("opt/amdgpu/share/libdrm/amdgpu.ids"),
+            ],
             sys,
         }
     }
@@ -171,6 +179,10 @@ mod tests {
         assert_eq!(
             p.kfd_node(2),
             Path::new("/tmp/node/sys/class/kfd/kfd/topology/nodes/2")
+        );
+        assert_eq!(
+            p.amdgpu_ids[0],
+            Path::new("/tmp/node/usr/share/libdrm/amdgpu.ids")
         );
         assert_eq!(
             p.pci_device("0000:05:00.0"),

@@ -1,10 +1,11 @@
 //! The ID each GPU is published under, chosen once and kept.
 //!
 //! The plugin names a whole GPU to kubelet and HAMi by one ID, and HAMi's
-//! pod annotations (grants, CU records) are keyed by it. The best ID, AMD
-//! SMI's UUID, exists only while AMD SMI loads and answers; without it the
-//! next best is ROCr's `GPU-<unique_id>`, and without a `unique_id` (APUs)
-//! `amdgpu-<pci address>`. Choosing afresh on every read would re-key every
+//! pod annotations (grants, CU records) are keyed by it. The best ID is AMD
+//! SMI's UUID as HAMi's Go AMD plugin published it (AMD SMI 7.0.2), which
+//! amd-gpud computes from sysfs with or without the library
+//! (`inventory::smi_uuid`); then the UUID the loaded library reports, then
+//! ROCr's `GPU-<unique_id>`, and last `amdgpu-<pci address>`. Choosing afresh on every read would re-key every
 //! GPU whenever a probe fails or comes back, and the same CUs could be
 //! handed out twice under two names. So the first ID a GPU gets is written
 //! to `<state>/published-ids.json`, keyed by its PCI address and
@@ -140,9 +141,10 @@ pub fn assign(entries: &mut Vec<Entry>, gpu: &Gpu) -> (String, bool) {
     entries.retain(|e| e.bdf != bdf);
     let fallback = format!("amdgpu-{}", bdf.replace([':', '.'], "-"));
     let taken = |id: &str| entries.iter().any(|e| e.id == id);
-    let id = [gpu.amdsmi_uuid.as_deref(), gpu.rocr_uuid.as_deref()]
+    let candidates = [&gpu.derived_uuid, &gpu.amdsmi_uuid, &gpu.rocr_uuid];
+    let id = candidates
         .into_iter()
-        .flatten()
+        .filter_map(Option::as_deref)
         .find(|id| clean(id) && !taken(id))
         .map_or(fallback, str::to_owned);
     if entries.len() < MAX_ENTRIES {

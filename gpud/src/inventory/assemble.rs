@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use super::{Gpu, Partition, restore::RestoreProps};
 use crate::{
-    drm::{self, RenderParent},
+    drm::{self, PciDeviceInfo, RenderParent},
     gfx::GfxTarget,
     hostpaths::HostPaths,
     pci::PciAddress,
@@ -227,6 +227,10 @@ fn build_gpu(
     // Bounded per node (MAX_VRAM, MAX_CUS), so these sums cannot overflow.
     let kfd_vram: u64 = group.iter().map(|n| n.vram_bytes).sum();
     let unique_id = first.unique_id;
+    let device_id = Some(p.get_or_zero("device_id"))
+        .filter(|d| *d != 0)
+        .or_else(|| pci.device.map(u64::from))
+        .unwrap_or(0);
     let gpu = Gpu {
         bdf,
         rocr_uuid: (unique_id != 0).then(|| format!("GPU-{unique_id:016x}")),
@@ -240,6 +244,7 @@ fn build_gpu(
             .or_else(|| linked_cpu_node(first.node, topology)),
         market_name: None,
         amdsmi_uuid: None,
+        derived_uuid: derived_uuid(&pci, unique_id, device_id),
         published_id: None,
         compute_partition: pci
             .compute_partition
@@ -250,7 +255,8 @@ fn build_gpu(
         supported_compute_partitions: pci.supported_compute_partitions.clone(),
         available_memory_partitions: pci.available_memory_partitions.clone(),
         vendor_id: p.get_or_zero("vendor_id"),
-        device_id: p.get_or_zero("device_id"),
+        device_id,
+        revision: pci.revision,
         hive_id: p.get_or_zero("hive_id"),
         partition_profile: None,
         partition_profiles: Vec::new(),
@@ -263,6 +269,16 @@ fn build_gpu(
         ));
     }
     gpu
+}
+
+/// AMD SMI's UUID of the GPU (`super::smi_uuid`): the serial from the PCI
+/// `unique_id` file as AMD SMI reads it, else KFD's (the same number).
+fn derived_uuid(pci: &PciDeviceInfo, kfd_unique_id: u64, device_id: u64) -> Option<String> {
+    let device_id = u16::try_from(pci.device.map_or(device_id, u64::from))
+        .ok()
+        .filter(|d| *d != 0)?;
+    let serial = pci.unique_id.unwrap_or(kfd_unique_id);
+    Some(super::smi_uuid::published(serial, device_id))
 }
 
 fn partitions(

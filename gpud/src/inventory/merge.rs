@@ -1,12 +1,13 @@
 //! Folding an AMD SMI report into the sysfs inventory.
 //!
 //! Sysfs stays the source of scheduling facts (CUs, gfx, partition nodes);
-//! AMD SMI adds what sysfs lacks (market name, its UUID, partition profiles)
+//! AMD SMI adds what sysfs lacks (its UUID, partition profiles, the market
+//! name when `amdgpu.ids` has none)
 //! and fills gaps (VRAM, partition mode) where sysfs is silent. Processors are
 //! joined to partitions by KFD `gpu_id`, else by KFD node index, else by
 //! PCI address and partition index.
 
-use super::{Gpu, Partition};
+use super::{Gpu, Partition, smi_uuid};
 use crate::amdsmi::report::{AmdSmiReport, ProcessorInfo};
 
 /// Applies `report` to `gpus`, noting disagreements in `warnings`.
@@ -37,11 +38,15 @@ pub(super) fn apply(gpus: &mut [Gpu], report: &AmdSmiReport, warnings: &mut Vec<
             .find(|(index, _)| *index == 0)
             .map_or(joined[0].1, |(_, p)| *p);
         apply_primary(gpu, primary);
+        check_uuid(gpu, &report.layout, warnings);
     }
 }
 
 fn apply_primary(gpu: &mut Gpu, proc: &ProcessorInfo) {
-    gpu.market_name = proc.market_name.clone().filter(|n| !n.is_empty());
+    // libdrm's amdgpu.ids named it already, as AMD SMI 6.3+ does.
+    if gpu.market_name.is_none() {
+        gpu.market_name = proc.market_name.clone().filter(|n| !n.is_empty());
+    }
     gpu.amdsmi_uuid = proc.uuid.clone().filter(|u| !u.is_empty());
     // Without the sysfs partition files the mode was at best inferred from KFD.
     let from_sysfs = !gpu.available_compute_partitions.is_empty();
@@ -62,6 +67,26 @@ fn apply_primary(gpu: &mut Gpu, proc: &ProcessorInfo) {
     gpu.partition_profile = proc.partition_profile.clone();
     if let Some(config) = &proc.profile_config {
         gpu.partition_profiles = config.profiles.clone();
+    }
+}
+
+/// A library whose UUID is not the one its release derives from sysfs
+/// (`super::smi_uuid`) is named: the published ID would then differ from
+/// what that library's users see.
+fn check_uuid(gpu: &Gpu, layout: &str, warnings: &mut Vec<String>) {
+    let (Some(reported), Some(published)) = (&gpu.amdsmi_uuid, &gpu.derived_uuid) else {
+        return;
+    };
+    let Ok(device_id) = u16::try_from(gpu.device_id) else {
+        return;
+    };
+    let expected = smi_uuid::expected(layout, published, gpu.unique_id, device_id);
+    if !reported.eq_ignore_ascii_case(&expected) {
+        warnings.push(format!(
+            "GPU {}: AMD SMI (layout {layout}) reports UUID {reported}, where sysfs gives \
+             {expected} for that release; the GPU is published under {published} when first seen",
+            gpu.bdf
+        ));
     }
 }
 

@@ -6,10 +6,14 @@
 //! D-Bus service and `amd-gpud inspect` both render this same value.
 
 mod assemble;
+mod identity;
 mod links;
 mod merge;
+pub mod product_names;
 mod restore;
+pub mod smi_uuid;
 
+pub use identity::without_amdsmi;
 pub use links::{GpuLink, LinkVia};
 pub use restore::RestoreProps;
 use serde::{Serialize, Serializer};
@@ -36,6 +40,9 @@ pub struct Inventory {
     pub generation_id: Option<u64>,
     /// What happened with AMD SMI.
     pub amdsmi: AmdSmiSummary,
+    /// The libdrm `amdgpu.ids` the product names were looked up in (path,
+    /// version, entries); `None` when there was none to read.
+    pub product_names: Option<String>,
     /// Problems found while reading; each names the file or device.
     pub warnings: Vec<String>,
 }
@@ -73,8 +80,12 @@ pub struct Gpu {
     pub vram_bytes: u64,
     pub numa_node: Option<u32>,
     pub market_name: Option<String>,
-    /// AMD SMI's `device_uuid`: an opaque label.
+    /// AMD SMI's `device_uuid` as the loaded library reported it.
     pub amdsmi_uuid: Option<String>,
+    /// AMD SMI's `device_uuid` computed from sysfs as AMD SMI 6.2 to 7.12
+    /// derives it (`smi_uuid`): the ID the GPU is published under when first
+    /// seen, with or without the library. `None` without a PCI device id.
+    pub derived_uuid: Option<String>,
     /// The ID the GPU is published under, chosen once and kept in the
     /// state directory across reads and restarts; `None` until the service
     /// stamps it.
@@ -90,6 +101,8 @@ pub struct Gpu {
     pub available_memory_partitions: Vec<String>,
     pub vendor_id: u64,
     pub device_id: u64,
+    /// PCI revision (sysfs `revision`); `None` without the PCI directory.
+    pub revision: Option<u8>,
     /// XGMI hive; 0 when not in a hive.
     #[serde(serialize_with = "decimal_string")]
     pub hive_id: u64,
@@ -192,6 +205,7 @@ pub fn discover(
     let topology = read_topology(paths)?;
     let mut warnings: Vec<String> = topology.issues.iter().map(ToString::to_string).collect();
     let mut gpus = assemble::gpus(&topology, paths, &mut warnings);
+    let product_names = identity::name_gpus(&mut gpus, paths, &mut warnings);
     if let Some(report) = amdsmi {
         merge::apply(&mut gpus, report, &mut warnings);
     }
@@ -211,6 +225,7 @@ pub fn discover(
         cpus,
         generation_id: topology.generation_id,
         amdsmi: AmdSmiSummary::default(),
+        product_names,
         warnings,
     })
 }

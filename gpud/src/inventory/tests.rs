@@ -260,3 +260,47 @@ fn a_read_that_misses_its_deadline_names_the_file() {
         "{err}"
     );
 }
+
+/// A whole MI300X at `0000:05:00.0` without partitions, name or UUIDs, for
+/// tests of what is filled in later.
+pub(crate) fn mi300x_gpu() -> super::Gpu {
+    super::Gpu {
+        bdf: "0000:05:00.0".parse().unwrap(),
+        rocr_uuid: Some("GPU-af54e92b0a5d57c8".into()),
+        unique_id: 0xaf54_e92b_0a5d_57c8,
+        gfx: None,
+        compute_units: 304,
+        cus_per_wgp: 1,
+        vram_bytes: 192 << 30,
+        numa_node: None,
+        market_name: None,
+        amdsmi_uuid: None,
+        derived_uuid: None,
+        published_id: None,
+        compute_partition: None,
+        memory_partition: None,
+        available_compute_partitions: vec![],
+        supported_compute_partitions: vec![],
+        available_memory_partitions: vec![],
+        vendor_id: 0x1002,
+        device_id: 0x74a1,
+        revision: Some(0),
+        hive_id: 0,
+        partition_profile: None,
+        partition_profiles: vec![],
+        partitions: vec![],
+        links: vec![],
+    }
+}
+
+/// An inventory of `gpus` and nothing else.
+pub(crate) fn inventory_of(gpus: Vec<super::Gpu>) -> super::Inventory {
+    super::Inventory {
+        gpus,
+        cpus: vec![],
+        generation_id: None,
+        amdsmi: super::AmdSmiSummary::default(),
+        product_names: None,
+        warnings: vec![],
+    }
+}

@@ -16,6 +16,7 @@ fn gpu(bdf: &str, unique_id: u64, amdsmi: Option<&str>) -> Gpu {
         numa_node: None,
         market_name: None,
         amdsmi_uuid: amdsmi.map(str::to_owned),
+        derived_uuid: None,
         published_id: None,
         compute_partition: None,
         memory_partition: None,
@@ -24,6 +25,7 @@ fn gpu(bdf: &str, unique_id: u64, amdsmi: Option<&str>) -> Gpu {
         supported_compute_partitions: vec![],
         vendor_id: 0x1002,
         device_id: 0x74a1,
+        revision: None,
         hive_id: 0,
         partition_profile: None,
         partition_profiles: vec![],
@@ -38,6 +40,7 @@ fn inventory(gpus: Vec<Gpu>) -> Inventory {
         cpus: vec![],
         generation_id: None,
         amdsmi: crate::inventory::AmdSmiSummary::default(),
+        product_names: None,
         warnings: vec![],
     }
 }
@@ -217,4 +220,50 @@ fn a_link_planted_at_a_temporary_name_does_not_redirect_the_write() {
     assert_eq!(read(&path).unwrap().len(), 1);
     let left = std::fs::read_dir(dir.path()).unwrap().count();
     assert_eq!(left, 4, "the file, the victim, the two links: no temporary");
+}
+
+/// The Go plugin's AMD SMI (7.0.2) UUID, computed from sysfs.
+const DERIVED: &str = "afff74a1-0000-1000-8054-e92b0a5d57c8";
+
+fn with_derived(mut g: Gpu) -> Gpu {
+    g.derived_uuid = Some(DERIVED.to_owned());
+    g
+}
+
+#[test]
+fn the_uuid_from_sysfs_comes_first_whatever_the_library_says() {
+    // A 7.13 library reports the partition-index form; a node without AMD
+    // SMI has none. Both publish what the Go plugin published.
+    let newer = "af0074a1-0000-1000-8054-e92b0a5d57c8";
+    for amdsmi in [Some(newer), None] {
+        let mut entries = Vec::new();
+        let g = with_derived(gpu("0000:05:00.0", 0xaf54_e92b_0a5d_57c8, amdsmi));
+        assert_eq!(assign(&mut entries, &g).0, DERIVED, "{amdsmi:?}");
+    }
+}
+
+/// A node that ran an amd-gpud publishing `GPU-<hex>` (no AMD SMI, before
+/// the UUID was computed from sysfs) keeps those IDs: running pods'
+/// annotations name them.
+#[test]
+fn ids_recorded_as_rocr_uuids_stay_after_the_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorded = r#"{"version":1,"devices":[
+        {"bdf":"0000:05:00.0","unique_id":"12345","id":"GPU-0000000000003039"}]}"#;
+    std::fs::write(dir.path().join(FILE_NAME), recorded).unwrap();
+    let store = PublishedIds::load(dir.path());
+    let mut inv = inventory(vec![
+        with_derived(gpu("0000:05:00.0", 12345, None)),
+        gpu("0000:15:00.0", 7, None),
+    ]);
+    store.stamp(&mut inv);
+    assert_eq!(ids(&inv), ["GPU-0000000000003039", "GPU-0000000000000007"]);
+    // The GPU seen for the first time gets the derived UUID when it has one.
+    let mut third = inventory(vec![with_derived(gpu("0000:25:00.0", 9, None))]);
+    store.stamp(&mut third);
+    assert_eq!(ids(&third), [DERIVED]);
+    let again = PublishedIds::load(dir.path());
+    let mut inv = inventory(vec![with_derived(gpu("0000:05:00.0", 12345, None))]);
+    again.stamp(&mut inv);
+    assert_eq!(ids(&inv), ["GPU-0000000000003039"], "across a restart too");
 }

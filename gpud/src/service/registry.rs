@@ -216,6 +216,7 @@ pub(super) mod tests {
             numa_node: None,
             market_name: None,
             amdsmi_uuid: None,
+            derived_uuid: None,
             published_id: None,
             compute_partition: None,
             memory_partition: None,
@@ -224,6 +225,7 @@ pub(super) mod tests {
             available_memory_partitions: vec![],
             vendor_id: 4098,
             device_id: 1,
+            revision: None,
             hive_id: 0,
             partition_profile: None,
             partition_profiles: vec![],
@@ -238,6 +240,7 @@ pub(super) mod tests {
             cpus: vec![],
             generation_id: None,
             amdsmi: AmdSmiSummary::default(),
+            product_names: None,
             warnings: vec![],
         }
     }

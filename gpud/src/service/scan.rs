@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{Service, Update};
 use crate::{
@@ -131,6 +131,12 @@ impl ScanPlan {
         }
         // Off the service task too: a GPU seen for the first time writes its ID.
         self.ids.stamp(&mut inventory);
+        if self.first
+            && let Some((_, summary)) = &probed
+            && let Some(line) = inventory::without_amdsmi(summary, &inventory, &self.paths)
+        {
+            warn!("{line}");
+        }
         Ok(Scanned {
             inventory,
             probed,
