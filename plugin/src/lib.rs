@@ -162,6 +162,7 @@ pub(crate) async fn serve(
     let snapshots = partition::follow(raw.clone(), mode_rx);
     let devices = follow_devices(snapshots.clone(), cli.split_count);
     let (stop, stopped) = watch::channel(false);
+    let reach = followed.reach.clone();
     let side = client.map(|client| start_kube(&cli, client, &bus, &snapshots, &stopped, &decoder));
     spawn_followers(
         &cli,
@@ -182,6 +183,7 @@ pub(crate) async fn serve(
         usage: matches!(cli.metrics_address, ListenAddress::At(_))
             .then(|| gpud::usage::spawn(bus.clone(), gpud::usage::EVERY)),
         node_name: cli.node_name.clone(),
+        reach,
     };
     let servers = start_http(&cli, exporter).await?;
     let config = kubelet::KubeletConfig {

@@ -1,8 +1,10 @@
 //! A plugin pod on a node where amd-gpud is missing, or where the bus will
-//! not let the plugin call it: the plugin stays unready and says why once,
-//! in its log and in a Warning Event on the Node, with the command that
-//! fixes it; once amd-gpud answers, one Normal Event says so. Private bus
-//! with the shipped policy, fake API server and kubelet. Needs root.
+//! not let the plugin call it: the plugin says why once, in its log and in a
+//! Warning Event on the Node, with the command that fixes it; once amd-gpud
+//! answers, one Normal Event says so. Without amd-gpud (a CPU node) it is
+//! ready with no device and `/readyz` says why, so rollouts finish (issue
+//! 37); refused by the bus, it stays unready. Private bus with the shipped
+//! policy, fake API server and kubelet. Needs root.
 
 // An integration-test file is itself the test module, and a failed unwrap is a
 // failed test here.
@@ -135,8 +137,12 @@ fn without_amd_gpud_the_node_says_why_once_and_then_that_it_is_back() {
         let text = note(&warning);
         assert!(text.contains("amd-gpud is not running"), "{text}");
         assert!(text.contains("systemctl enable --now amd-gpud"), "{text}");
-        let (status, _) = stack::http_get(s.metrics, "/readyz").unwrap();
-        assert_eq!(status, 503, "unready without amd-gpud");
+        // A node without amd-gpud: ready, no device, and the body says why.
+        let (status, body) = stack::http_get(s.metrics, "/readyz").unwrap();
+        assert_eq!(status, 200, "ready without amd-gpud: {body}");
+        assert!(body.contains("no device"), "{body}");
+        assert!(body.contains("io.hami.AmdGpu1"), "{body}");
+        assert!(s.kubelet.devices().is_empty(), "no device listed");
         // Several retries and pulses later, still said once.
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert_eq!(node_events(&s.api, UNREACHABLE).len(), 1, "said once");
@@ -151,6 +157,12 @@ fn without_amd_gpud_the_node_says_why_once_and_then_that_it_is_back() {
             .unwrap();
         assert_eq!(node_events(&s.api, UNREACHABLE).len(), 1);
         assert_eq!(node_events(&s.api, REACHABLE).len(), 1);
+        let (status, body) = stack::http_get(s.metrics, "/readyz").unwrap();
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "ok\n"),
+            "serving with amd-gpud"
+        );
     });
 }
 
@@ -161,6 +173,8 @@ async fn refused_as(uid: &str) -> String {
     let _gpud = stack::gpud(&fake_node, &s.bus, s.root.path(), 0).unwrap();
     let _plugin = plugin(&s, Some(uid));
     let warning = wait_event(&s.api, UNREACHABLE, Duration::from_secs(30)).await;
+    // amd-gpud is there, the bus refuses the plugin: unready, so the
+    // rollout shows it.
     let (status, _) = stack::http_get(s.metrics, "/readyz").unwrap();
     assert_eq!(status, 503, "unready while refused");
     assert!(s.kubelet.devices().is_empty(), "no device listed");

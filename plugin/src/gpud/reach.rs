@@ -1,7 +1,9 @@
 //! Why the plugin cannot reach amd-gpud, said once, with the fix.
 //!
-//! Without amd-gpud the plugin stays unready (`/readyz` needs a connected
-//! inventory) and lists no device; that alone tells an operator nothing.
+//! Without amd-gpud the plugin lists no device: it stays unready (`/readyz`
+//! needs a connected inventory) unless amd-gpud is absent from the node
+//! ([`Unreachable::absent`]: a CPU node), where it is ready with no device;
+//! either alone tells an operator little.
 //! The inventory's follower (`gpud/client.rs`) classifies every failed
 //! session or read into an [`Unreachable`], and [`report`] turns a cause that lasts past a
 //! grace period (amd-gpud may simply start after the plugin) into one error
@@ -71,6 +73,24 @@ impl Unreachable {
                 }
             }
             SessionError::Api(_) | SessionError::BusLost => Self::Failed { error },
+        }
+    }
+
+    /// Whether the cause says amd-gpud is not installed on this node (a node
+    /// without AMD GPUs) rather than installed and failing: nobody owns its
+    /// bus name, or the bus does not know the package's user
+    /// ([`ipc::PLUGIN_UID`], which only the amd-gpud package creates). The
+    /// plugin is then ready with no device, as HAMi's Go plugin is on a node
+    /// without GPUs, so rollouts finish on CPU nodes (issue 37); every other
+    /// cause (no bus, refused, hung, failing, a UID of the operator's own that
+    /// names no user) keeps it unready.
+    pub(crate) fn absent(&self) -> bool {
+        match self {
+            Self::NotOnBus => true,
+            Self::UnknownUid { uid, .. } => *uid == ipc::PLUGIN_UID,
+            Self::NoBus { .. } | Self::Denied { .. } | Self::Hung { .. } | Self::Failed { .. } => {
+                false
+            }
         }
     }
 

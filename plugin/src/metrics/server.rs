@@ -1,7 +1,8 @@
 //! The plugin's HTTP listeners: `--metrics-address` serves `/metrics` (the
 //! OpenMetrics text exposition) for Prometheus, and `--probe-address`
 //! serves `/healthz` (the process answers) and `/readyz` (registered with
-//! kubelet and connected to amd-gpud) for the DaemonSet's probes. The
+//! kubelet and connected to amd-gpud, or amd-gpud absent from the node) for
+//! the DaemonSet's probes. The
 //! metrics listener answers the probes too, for probes set up before
 //! `--probe-address` existed.
 //!
@@ -103,11 +104,34 @@ pub(crate) trait Exporter: Send + Sync + 'static {
     /// When they cannot be encoded.
     fn metrics(&self) -> Result<String, std::fmt::Error>;
 
-    /// Whether the plugin can serve pods now.
+    /// Whether the plugin is ready, and how.
     ///
     /// # Errors
     /// Why not.
-    fn ready(&self) -> Result<(), NotReady>;
+    fn ready(&self) -> Result<Ready, NotReady>;
+}
+
+/// How the plugin is ready (`/readyz` answers 200 with this).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ready {
+    /// Registered with kubelet and connected to amd-gpud.
+    Serving,
+    /// Registered with kubelet, no device: amd-gpud is not on this node
+    /// (`Unreachable::absent`); the text says why.
+    WithoutGpud(String),
+}
+
+impl std::fmt::Display for Ready {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Serving => f.write_str("ok"),
+            Self::WithoutGpud(why) => write!(
+                f,
+                "ok, no device: amd-gpud is not on this node ({why}); \
+                 the plugin registers its devices once amd-gpud answers"
+            ),
+        }
+    }
 }
 
 /// Why the plugin cannot serve pods now (`/readyz`).
@@ -216,7 +240,7 @@ fn answer(
         ("/metrics", Routes::Metrics) => metrics(exporter),
         ("/healthz", _) => text(StatusCode::OK, "ok\n".to_owned()),
         ("/readyz", _) => match exporter.ready() {
-            Ok(()) => text(StatusCode::OK, "ok\n".to_owned()),
+            Ok(ready) => text(StatusCode::OK, format!("{ready}\n")),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         },
         _ => text(StatusCode::NOT_FOUND, format!("{}\n", routes.paths())),

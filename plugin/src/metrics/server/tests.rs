@@ -13,9 +13,9 @@ impl Exporter for Fake {
     fn metrics(&self) -> Result<String, std::fmt::Error> {
         Ok("# TYPE x gauge\nx 1\n# EOF\n".to_owned())
     }
-    fn ready(&self) -> Result<(), NotReady> {
+    fn ready(&self) -> Result<Ready, NotReady> {
         if self.0.load(Ordering::Relaxed) {
-            Ok(())
+            Ok(Ready::Serving)
         } else {
             Err(NotReady::NotRegistered)
         }
