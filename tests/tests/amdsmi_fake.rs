@@ -114,6 +114,39 @@ fn every_abi_enriches_the_inventory() {
     }
 }
 
+/// The fake's UUIDs are the real library's: at every ABI the whole GPU's
+/// UUID is what amd-gpud derives from sysfs for that release (no
+/// disagreement is reported), 6.2 to 7.0 share one UUID across a GPU's
+/// partitions and 7.13 puts the partition index in its function byte.
+#[test]
+fn every_abi_reports_the_uuid_its_release_derives() {
+    for abi in ABIS {
+        let (dir, fixture) = node(abi, |_| {});
+        let inv = common::inventory(
+            dir.path(),
+            &common::fake_amdsmi(&fixture, Duration::from_secs(30)),
+        );
+        let disagree: Vec<_> = inv
+            .warnings
+            .iter()
+            .filter(|w| w.contains("reports UUID"))
+            .collect();
+        assert!(disagree.is_empty(), "{abi}: {disagree:?}");
+        let report = probe(&fixture, Duration::from_secs(30)).unwrap();
+        let (p0, p1) = (&report.processors[0], &report.processors[1]);
+        let (u0, u1) = (p0.uuid.as_deref().unwrap(), p1.uuid.as_deref().unwrap());
+        let gpu = &inv.gpus[0];
+        let published = gpu.derived_uuid.as_deref().unwrap();
+        if abi == "7.13" {
+            assert_eq!((&u0[2..4], &u1[2..4]), ("00", "01"), "{u0} {u1}");
+            assert_eq!((&u0[..2], &u0[4..]), (&published[..2], &published[4..]));
+        } else {
+            assert_eq!((u0, u1), (published, published), "{abi}");
+            assert_eq!(&published[2..4], "ff");
+        }
+    }
+}
+
 /// The inventory with AMD SMI failing as `tweak` says must equal the sysfs one
 /// in everything sysfs knows.
 fn assert_inventory_survives(
@@ -169,7 +202,12 @@ fn not_supported_leaves_the_field_empty() {
         fault("amdsmi_get_gpu_asic_info", "NOT_SUPPORTED"),
         Duration::from_secs(30),
     );
-    assert!(inv.gpus.iter().all(|g| g.market_name.is_none()));
+    // libdrm's amdgpu.ids still names the GPUs, as AMD SMI itself would.
+    assert!(
+        inv.gpus
+            .iter()
+            .all(|g| g.market_name.as_deref() == Some("AMD Instinct MI300X"))
+    );
     assert!(
         inv.gpus.iter().all(|g| g.amdsmi_uuid.is_some()),
         "other calls still count"

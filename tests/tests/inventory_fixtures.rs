@@ -239,3 +239,38 @@ fn kfd_and_drm() -> BuildOptions {
         amdsmi_abi: None,
     }
 }
+
+/// Issue 36, point 1: a node registers the same IDs and types with or
+/// without AMD SMI. The fake library derives its UUID as the real one does
+/// (`tests/fake-amdsmi/src/uuid.rs`), amd-gpud computes it from sysfs
+/// (`gpud/src/inventory/smi_uuid.rs`); the names come from the fake's
+/// `market_name` on one side and libdrm's `amdgpu.ids` on the other.
+#[test]
+fn every_fixture_has_the_same_ids_and_names_with_and_without_amd_smi() {
+    for name in fixture::names() {
+        let (_, with, _, _dir) = build(name, &full());
+        let (_, without, _, _dir2) = build(name, &kfd_and_drm());
+        assert_eq!(with.amdsmi.state, "loaded", "{name}");
+        assert_eq!(without.amdsmi.state, "disabled", "{name}");
+        assert_eq!(with.gpus.len(), without.gpus.len(), "{name}");
+        for (a, b) in with.gpus.iter().zip(&without.gpus) {
+            let what = format!("{name} {}", a.bdf);
+            assert!(a.derived_uuid.is_some(), "{what}");
+            assert_eq!(a.derived_uuid, b.derived_uuid, "{what}");
+            assert_eq!(
+                a.amdsmi_uuid, a.derived_uuid,
+                "{what}: the fake (7.0) agrees"
+            );
+            assert_eq!(b.amdsmi_uuid, None, "{what}");
+            assert!(a.market_name.is_some(), "{what}");
+            assert_eq!(a.market_name, b.market_name, "{what}");
+        }
+        let disagree: Vec<_> = with
+            .warnings
+            .iter()
+            .filter(|w| w.contains("reports UUID"))
+            .collect();
+        assert!(disagree.is_empty(), "{name}: {disagree:?}");
+        assert!(without.product_names.is_some(), "{name}");
+    }
+}

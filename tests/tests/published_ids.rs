@@ -1,5 +1,6 @@
 //! Issue 20, point 1: a GPU's published ID does not change when AMD SMI is
-//! missing, fails or comes back. amd-gpud first runs with the fake AMD SMI
+//! missing, fails or comes back (and, issue 36, is the same when chosen
+//! without it). amd-gpud first runs with the fake AMD SMI
 //! (the ID is its UUID), then restarts without it: the ID stays, and so do
 //! the device IDs the running plugin gives kubelet. Private bus with the shipped policy. Needs root.
 
@@ -112,10 +113,13 @@ fn the_published_id_survives_amd_smi_going_away() {
         );
         stop(&mut gpud, &bus).await;
 
-        // Without the state file the ID is chosen again, from what is known.
+        // Without the state file the ID is chosen again, and comes out the
+        // same: AMD SMI's UUID computed from sysfs (issue 36, point 1).
         std::fs::remove_file(state_file(root.path())).unwrap();
         let _gpud = stack::gpud(&fake_node, &bus, root.path(), 0).unwrap();
         let fresh = published(&bus).await;
-        assert_eq!(fresh.published_id, fresh.rocr_uuid);
+        assert!(fresh.amdsmi_uuid.is_empty(), "{fresh:?}");
+        assert_eq!(fresh.published_id, with_smi.amdsmi_uuid);
+        assert_ne!(fresh.published_id, fresh.rocr_uuid);
     });
 }

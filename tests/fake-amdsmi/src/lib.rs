@@ -16,6 +16,7 @@ mod layout;
 mod state;
 mod status;
 mod usage;
+mod uuid;
 
 use std::{
     ffi::{c_char, c_uint, c_void},
@@ -178,7 +179,8 @@ pub unsafe extern "C" fn amdsmi_get_processor_type(
     })
 }
 
-/// The fixture's `uuid`; a length under 38 answers `INVAL` and sets it to 38.
+/// The fixture's `uuid`, else the UUID the release derives (`uuid.rs`); a
+/// length under 38 answers `INVAL` and sets it to 38.
 ///
 /// # Safety
 /// `uuid_length` is null or a valid `unsigned int`; `uuid` is null or valid
@@ -198,7 +200,11 @@ pub unsafe extern "C" fn amdsmi_get_gpu_device_uuid(
             unsafe { put(uuid_length, UUID_SIZE) }?;
             return Err(status::INVAL);
         }
-        let text = p.uuid.as_deref().ok_or(status::NOT_SUPPORTED)?;
+        let abi = st.loaded()?.abi;
+        let text = match &p.uuid {
+            Some(text) => text.clone(),
+            None => uuid::derived(abi, p).ok_or(status::NOT_SUPPORTED)?,
+        };
         let keep = usize::try_from(capacity - 1).unwrap_or(usize::MAX);
         let mut bytes: Vec<u8> = text.bytes().take(keep).collect();
         bytes.push(0);
