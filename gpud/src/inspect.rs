@@ -2,9 +2,9 @@
 //!
 //! The JSON is a contract: `{"gpus":[{"bdf","rocr_uuid","unique_id","gfx",
 //! "compute_units","cus_per_wgp","vram_bytes","numa_node","market_name",
-//! "amdsmi_uuid","compute_partition","partitions":[{"index","kfd_node",
-//! "render_minor","bdf","compute_units","vram_bytes"}]}]}` at least; fields
-//! are only ever added.
+//! "amdsmi_uuid","derived_uuid","compute_partition","partitions":[{"index",
+//! "kfd_node","render_minor","bdf","compute_units","vram_bytes"}]}]}` at
+//! least; fields are only ever added.
 
 use std::io::{self, Write};
 
