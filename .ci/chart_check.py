@@ -16,7 +16,9 @@ it checks:
      against that version's schemas (strict: unknown fields fail);
   3. the expected set of objects, the plugin's environment (each value maps
      to its variable), the RBAC rules (exactly what the code needs), the
-     admission policies (the protected pod annotations: pods, pods/status and
+     admission policies (nodes/status kept to the node's amd.com/gpumem and
+     amd.com/gpucores with dp.reportNodeCapacity; the protected pod
+     annotations: pods, pods/status and
      Bindings matched, the AMD keys everywhere and the shared ones on pods
      asking for amd.com/, the writers of the values and HAMi's by name), the pod
      hardening beyond PSS (read-only root, token mounted, no user namespace,
@@ -698,11 +700,13 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
     installer = values["nodeInstaller"]["enabled"]
     hook = values["dp"]["hookInstaller"]["enabled"]
     sa_created = values["dp"]["serviceAccount"]["create"]
+    # dp.reportNodeCapacity: patch on nodes/status, and a policy keeping it to the node.
+    capacity = 1 if values["dp"].get("reportNodeCapacity") else 0
     want = {"ServiceAccount": 1 if sa_created else 0, "ClusterRole": 1, "ClusterRoleBinding": 1,
             "DaemonSet": 2 if installer else 1,
             "NetworkPolicy": 1 if netpol else 0,
-            "ValidatingAdmissionPolicy": 4 if vap else 0,
-            "ValidatingAdmissionPolicyBinding": 4 if vap else 0,
+            "ValidatingAdmissionPolicy": (4 + capacity) if vap else 0,
+            "ValidatingAdmissionPolicyBinding": (4 + capacity) if vap else 0,
             "ConfigMap": 1 if values["dashboard"]["enabled"] else 0,
             **monitor_check.expected_counts(values)}
     have = {k: sum(1 for o in objects if o["kind"] == k) for k in want}
@@ -748,7 +752,22 @@ def check_value_set(chart: helm.Chart, label: str, overrides: dict[str, Any] | N
         resources = sorted(r for p in policies
                            for rule in p["spec"]["matchConstraints"]["resourceRules"]
                            for r in rule["resources"])
-        check(resources == ["nodes", "pods"], "policies cover nodes and pods", str(resources))
+        want_resources = ["nodes"] + (["nodes/status"] if capacity else []) + ["pods"]
+        check(resources == want_resources, f"policies cover {', '.join(want_resources)}",
+              str(resources))
+        if capacity:
+            status = next(p["spec"] for p in policies
+                          if p["metadata"]["name"].endswith("-own-node-status"))
+            rules = " ".join(v["expression"] for v in status["validations"])
+            check("object.metadata.name == variables.userNode" in rules
+                  and "object.spec == oldObject.spec" in rules
+                  and "object.metadata.labels == oldObject.metadata.labels" in rules
+                  and "k in variables.amd" in rules
+                  and "object.status.conditions == oldObject.status.conditions" in rules
+                  and {"name": "amd", "expression": "['amd.com/gpumem', 'amd.com/gpucores']"}
+                  in status["variables"],
+                  "nodes/status: its own node, only amd.com/gpumem and amd.com/gpucores "
+                  "in capacity and allocatable, nothing else of the node")
         check(all(r["operations"] == ["UPDATE"] for p in policies
                   for r in p["spec"]["matchConstraints"]["resourceRules"]),
               "policies match UPDATE (PATCH) only")

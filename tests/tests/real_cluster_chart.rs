@@ -106,6 +106,77 @@ fn the_charts_account_changes_only_hami_annotations_of_its_node_and_its_pods() {
     });
 }
 
+/// `dp.reportNodeCapacity`: the chart grants patch on nodes/status, and its
+/// policy keeps that to the token's node and to `amd.com/gpumem` and
+/// `amd.com/gpucores` in its capacity and allocatable, on the real API
+/// server with the token of the plugin's pod on node-a.
+#[test]
+fn the_charts_account_sets_only_amd_capacity_in_its_nodes_status() {
+    common::run_async(LIMIT, async {
+        let cluster = RealCluster::start().unwrap();
+        let client = admin(&cluster).await;
+        add_node(&client, "node-a").await;
+        add_node(&client, "node-b").await;
+        let objects = chart::render(&[
+            ("validatingAdmissionPolicy.enabled", "true"),
+            ("dp.reportNodeCapacity", "true"),
+        ])
+        .unwrap();
+        for object in objects.iter().filter(|o| o["kind"] != "DaemonSet") {
+            let (code, answer) = cluster.apply(object).unwrap();
+            assert!(
+                code == 200 || code == 201,
+                "{}: {code} {answer}",
+                object["kind"]
+            );
+        }
+        add_pod(&cluster, NAMESPACE, "plugin-on-a", "node-a", chart::RELEASE);
+        let token = cluster
+            .pod_token(NAMESPACE, chart::RELEASE, "plugin-on-a")
+            .unwrap();
+        let patch = |node: &str, body: &str| {
+            let path = format!("/api/v1/nodes/{node}/status");
+            cluster.merge_patch_as(&token, &path, body).unwrap()
+        };
+        let capacity = r#"{"status":{"capacity":{"amd.com/gpumem":"1024","amd.com/gpucores":"38"},
+            "allocatable":{"amd.com/gpumem":"1024","amd.com/gpucores":"38"}}}"#;
+        let (code, answer) = patch("node-a", capacity);
+        assert_eq!(code, 200, "RBAC: its node's GPU capacity: {answer}");
+        // The policy takes effect once the API server has loaded it.
+        let answer = eventually(
+            Duration::from_secs(30),
+            "the policy refusing node-b",
+            || {
+                let (code, answer) = patch("node-b", capacity);
+                async move { (code == 403).then_some(answer) }
+            },
+        )
+        .await;
+        assert!(
+            answer.contains("may not change the status of node node-b"),
+            "{answer}"
+        );
+        let (code, answer) = patch("node-a", capacity);
+        assert_eq!(
+            code, 200,
+            "its node's GPU capacity, under the policy: {answer}"
+        );
+        let cpu = r#"{"status":{"capacity":{"cpu":"512"}}}"#;
+        let (code, answer) = patch("node-a", cpu);
+        assert_eq!(code, 403, "another resource: {answer}");
+        assert!(
+            answer.contains("only amd.com/gpumem and amd.com/gpucores"),
+            "{answer}"
+        );
+        let label = r#"{"metadata":{"labels":{"evil":"yes"}}}"#;
+        let (code, answer) = patch("node-a", label);
+        assert_eq!(code, 403, "a label through the status: {answer}");
+        let condition = r#"{"status":{"addresses":[{"type":"InternalIP","address":"10.9.9.9"}]}}"#;
+        let (code, answer) = patch("node-a", condition);
+        assert_eq!(code, 403, "the rest of the status: {answer}");
+    });
+}
+
 /// What `helm/amd-gpu/pss-exceptions.txt` allows: the hostPath volumes, and
 /// the init containers that may run as root (its `initContainer:` entries:
 /// the hook installer, on by default), each sorted.
