@@ -382,8 +382,8 @@ fn an_igpu_second_in_a_container_is_selected_by_index_with_the_dgpu() {
     }
     common::run_async(Duration::from_secs(120), async {
         let w = world_on("rx9070xt-igpu", 3).await;
-        let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
-        let igpu = w.gpus.iter().find(|g| !g.id.starts_with("GPU-")).unwrap();
+        let dgpu = w.gpus.iter().find(|g| !g.rocr_uuid.is_empty()).unwrap();
+        let igpu = w.gpus.iter().find(|g| g.rocr_uuid.is_empty()).unwrap();
         let shown: Vec<(String, Value)> = w
             .registered()
             .into_iter()
@@ -430,8 +430,8 @@ fn wgp_rounding_and_a_gpu_without_rocr_uuid() {
 
 async fn radeon() {
     let w = world_on("rx9070xt-igpu", 3).await;
-    let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
-    let igpu = w.gpus.iter().find(|g| !g.id.starts_with("GPU-")).unwrap();
+    let dgpu = w.gpus.iter().find(|g| !g.rocr_uuid.is_empty()).unwrap();
+    let igpu = w.gpus.iter().find(|g| g.rocr_uuid.is_empty()).unwrap();
     // 13 CUs on gfx12: whole WGPs only, rounded down to 12.
     schedule(&w.api, "odd", &[(dgpu, 4096, 13)], 200);
     tokio::time::sleep(Duration::from_millis(300)).await;

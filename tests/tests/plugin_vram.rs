@@ -197,7 +197,7 @@ async fn sixteen_gib() {
         prepare: &|root| dmem_tree_of("rx9070xt-igpu", root),
     })
     .await;
-    let dgpu = w.gpus.iter().find(|g| g.id.starts_with("GPU-")).unwrap();
+    let dgpu = w.gpus.iter().find(|g| !g.rocr_uuid.is_empty()).unwrap();
     let hami = HamiEmulator {
         node: NODE.to_owned(),
     };

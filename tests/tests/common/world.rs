@@ -130,7 +130,13 @@ pub async fn gpus(api: &FakeApiServer) -> Vec<Gpu> {
                 .map(|d| Gpu {
                     id: d["id"].as_str().unwrap().to_owned(),
                     device_type: d["type"].as_str().unwrap().to_owned(),
-                    rocr_uuid: d["id"].as_str().unwrap().to_owned(),
+                    // The ROCr UUID the plugin shows (not the id: that is
+                    // AMD SMI's UUID); empty for GPUs selected by index.
+                    rocr_uuid: d["custominfo"]["rocrVisibleDevice"]
+                        .as_str()
+                        .filter(|u| u.starts_with("GPU-"))
+                        .unwrap_or_default()
+                        .to_owned(),
                 })
                 .collect();
         }
