@@ -241,6 +241,7 @@ fn spawn_followers(
         pod_resources: cli.pod_resources(),
         resource_name: cli.resource_name.clone(),
         events: side.map(|s| s.events.clone()),
+        split_count: cli.split_count,
     };
     tokio::spawn(mode::compute::follow(
         bus.clone(),

@@ -18,6 +18,7 @@ use crate::{
     gpud::{Bus, SessionError, connect, node_proxy},
     hami::{ALLOCATED_KEY, DevicesAnnotation, parse_pod_devices},
     inventory::Snapshot,
+    inventory::ids::Aliases,
     inventory::partition::{self, MODE_ANNOTATION, OperatingMode},
     kube::{CALL_TIMEOUT, Caches, Events, Regarding},
     vram::{PodResourcesError, owners::list_pod_resources},
@@ -41,6 +42,9 @@ pub(crate) struct Sources {
     /// The resource whose devices pod-resources names (`amd.com/gpu`).
     pub(crate) resource_name: String,
     pub(crate) events: Option<Events>,
+    /// `--split-count`, to tell the GPU HAMi's (up to v2.9)
+    /// `<node>-AMDGPU-<n>` in a pod's record names.
+    pub(crate) split_count: u32,
 }
 
 /// Every allocation the node's pods hold, from a view that can be trusted.
@@ -82,14 +86,15 @@ impl Allocations {
         (!parts.is_empty()).then(|| parts.join("; "))
     }
 
-    /// Whether the GPU `id` (or one of its partitions) is held.
-    fn on(&self, id: &str) -> bool {
+    /// Whether the GPU `id` (or one of its partitions) is held; a pod's
+    /// record under an older name of the GPU (`aliases`) counts.
+    fn on(&self, id: &str, aliases: &Aliases) -> bool {
         let prefix = format!("{id}-");
         let held = |d: &String| {
             let gpu = d.split('#').next().unwrap_or_default();
             gpu == id || gpu.starts_with(&prefix)
         };
-        allocations_on(&self.pods, id) || self.devices.iter().any(held)
+        allocations_on(&self.pods, id, aliases) || self.devices.iter().any(held)
     }
 }
 
@@ -135,8 +140,14 @@ fn holds_devices(pod: &Pod) -> bool {
 }
 
 /// Whether a live pod holds an allocation on the GPU whose id is `gpu_id`
-/// (the GPU itself, or one of its partitions `<gpu_id>-<mode><n>`).
-pub(crate) fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool {
+/// (the GPU itself, or one of its partitions `<gpu_id>-<mode><n>`), under
+/// its current id or an older name `aliases` resolves (the Go plugin's,
+/// HAMi's up to v2.9).
+pub(crate) fn allocations_on(
+    pods: &[std::sync::Arc<Pod>],
+    gpu_id: &str,
+    aliases: &Aliases,
+) -> bool {
     let prefix = format!("{gpu_id}-");
     pods.iter()
         .filter(|p| live(p))
@@ -144,7 +155,8 @@ pub(crate) fn allocations_on(pods: &[std::sync::Arc<Pod>], gpu_id: &str) -> bool
         .filter_map(|v| parse_pod_devices(DevicesAnnotation::Allocated, v).ok())
         .flatten()
         .flatten()
-        .any(|d| d.uuid == gpu_id || d.uuid.starts_with(&prefix))
+        .map(|d| aliases.current_or_same(&d.uuid))
+        .any(|id| id == gpu_id || id.starts_with(&prefix))
 }
 
 /// Switches every GPU of the first connected snapshot that offers `target`,
@@ -159,14 +171,18 @@ pub(crate) async fn switch_idle_gpus(
         return;
     }
     let held = trusted(&sources, &target).await;
-    let gpus = raw.borrow().devices().to_vec();
+    let (gpus, aliases) = {
+        let snapshot = raw.borrow();
+        let aliases = Aliases::of(&snapshot).with_hami_indices(&snapshot, sources.split_count);
+        (snapshot.devices().to_vec(), aliases)
+    };
     for gpu in gpus {
         let offered = gpu.available_compute_modes.iter().any(|m| m.is(&target));
         let missing = gpu.health == ipc::Health::Missing;
         if missing || !offered || gpu.compute_mode_str().eq_ignore_ascii_case(&target) {
             continue;
         }
-        let busy = held.on(&gpu.id);
+        let busy = held.on(&gpu.id, &aliases);
         match call(&bus, &gpu.bdf, &target, busy).await {
             Ok(generation) => {
                 info!(gpu = %gpu.bdf, mode = %target, generation, "compute partition switched")
@@ -334,8 +350,9 @@ mod tests {
             pods: vec![],
             devices: vec!["GPU-A#3".into(), "GPU-B-cpx1#0".into()],
         };
-        assert!(held.on("GPU-A") && held.on("GPU-B"));
-        assert!(!held.on("GPU-AB") && !held.on("GPU-C"));
+        let none = Aliases::default();
+        assert!(held.on("GPU-A", &none) && held.on("GPU-B", &none));
+        assert!(!held.on("GPU-AB", &none) && !held.on("GPU-C", &none));
     }
 
     #[test]
@@ -343,12 +360,30 @@ mod tests {
         let whole = pod("GPU-A,T,1,1:;", "Running");
         let part = pod("GPU-A-cpx3,T,1,1:;", "Pending");
         let done = pod("GPU-A,T,1,1:;", "Succeeded");
-        assert!(allocations_on(&[whole], "GPU-A"));
-        assert!(allocations_on(&[part], "GPU-A"));
-        assert!(!allocations_on(&[done], "GPU-A"));
+        let none = Aliases::default();
+        assert!(allocations_on(&[whole], "GPU-A", &none));
+        assert!(allocations_on(&[part], "GPU-A", &none));
+        assert!(!allocations_on(&[done], "GPU-A", &none));
         assert!(!allocations_on(
             &[pod("GPU-AB,T,1,1:;", "Running")],
-            "GPU-A"
+            "GPU-A",
+            &none
         ));
+    }
+
+    /// A pod HAMi up to v2.9 placed holds its GPU under `<node>-AMDGPU-<n>`
+    /// (10 slots a GPU): the switch must count it as held.
+    #[test]
+    fn a_pod_placed_under_hamis_old_ids_holds_its_gpu() {
+        let gpus = [
+            crate::testutil::mi300x("0000:05:00.0", "GPU-A"),
+            crate::testutil::mi300x("0000:15:00.0", "GPU-B"),
+        ];
+        let node = Snapshot::from_gpud(&gpus, Default::default(), ipc::DmemBackend::default());
+        let aliases = Aliases::of(&node).with_hami_indices(&node, 10);
+        let old = [pod("node-1-AMDGPU-13,AMDGPU,1024,0:;", "Running")];
+        assert!(allocations_on(&old, "GPU-B", &aliases));
+        assert!(!allocations_on(&old, "GPU-A", &aliases));
+        assert!(!allocations_on(&old, "GPU-B", &Aliases::default()));
     }
 }
