@@ -52,6 +52,11 @@ pub enum Command {
     /// the daemon down).
     #[command(hide = true)]
     AmdsmiProbe(amdsmi::ProbeArgs),
+    /// Parse one image for the loader check, its blobs read from stdin, its
+    /// verdict written to stdout (run by amd-gpud itself in an unprivileged
+    /// child process, so that a hostile image cannot hurt the daemon).
+    #[command(hide = true)]
+    LoaderInspect(crate::loader_check::sandbox::InspectArgs),
 }
 
 /// Options shared by everything that reads the host.
@@ -395,6 +400,9 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
             let code = amdsmi::run_probe_command(&args, out);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
         }
+        Command::LoaderInspect(args) => Ok(ExitCode::from(
+            crate::loader_check::sandbox::run_inspect_command(&args),
+        )),
     }
 }
 

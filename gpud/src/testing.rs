@@ -42,7 +42,9 @@ pub mod inventory {
 
 /// The loader check's image sources and parsers.
 pub mod loader_check {
-    pub use crate::loader_check::{Descriptor, ImageSource, SourceError};
+    pub use crate::loader_check::{
+        Descriptor, ImageSource, SourceError, sandbox::INSPECT_SUBCOMMAND,
+    };
 
     /// The ELF, script and layer parsers.
     pub mod analyze {

@@ -244,15 +244,49 @@ fn write_archive(
         .tar()
         .map_err(io_error("building the layer of", &archive))?;
     let diff_id = sha256_digest(&tar);
-    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
-    gz.write_all(&tar)
-        .map_err(io_error("compressing the layer of", &archive))?;
-    let gz = gz
-        .finish()
-        .map_err(io_error("compressing the layer of", &archive))?;
+    let gz = gzip(&tar).map_err(io_error("compressing the layer of", &archive))?;
+    write_gz_archive(cache, file, name, (gz, diff_id), entrypoint)
+}
 
+const LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// `bytes` as one gzip member.
+fn gzip(bytes: &[u8]) -> io::Result<Vec<u8>> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(bytes)?;
+    gz.finish()
+}
+
+/// As [`write_archive`], for a layer already compressed: `layer` is the
+/// gzip blob and its `diff_id`.
+fn write_gz_archive(
+    cache: &Path,
+    file: &str,
+    name: &str,
+    layer: (Vec<u8>, String),
+    entrypoint: &[&str],
+) -> Result<BuiltImage, ImageError> {
+    write_layer_archive(
+        cache,
+        (file, name),
+        (LAYER_GZIP, layer.0, layer.1),
+        entrypoint,
+    )
+}
+
+/// As [`write_gz_archive`], the layer of any media type: `layer` is its
+/// media type, its blob and its `diff_id`; `names` the file and the image.
+fn write_layer_archive(
+    cache: &Path,
+    names: (&str, &str),
+    layer: (&str, Vec<u8>, String),
+    entrypoint: &[&str],
+) -> Result<BuiltImage, ImageError> {
+    let (file, name) = names;
+    let archive = cache.join(format!("{file}.tar"));
+    let (media_type, blob, diff_id) = layer;
     let mut blobs = Blobs::default();
-    let layer_desc = blobs.put("application/vnd.oci.image.layer.v1.tar+gzip", gz);
+    let layer_desc = blobs.put(media_type, blob);
     let config = json!({
         "architecture": "amd64",
         "os": "linux",
@@ -379,4 +413,83 @@ pub fn static_image(cache: &Path) -> Result<BuiltImage, ImageError> {
     layer.add_symlink("bin", "usr/bin");
     let name = "docker.io/library/hami-test-static:1";
     write_archive(cache, "static", name, &layer, &["/bin/sh"])
+}
+
+/// `docker.io/library/hami-test-greedy:1`: the glibc image with a
+/// `libc.so.6` of `size` zero bytes, which the loader check reads whole (up
+/// to its bound of 32 MiB): an image that needs that much memory to judge.
+///
+/// # Errors
+/// A host file is missing or the archive cannot be written.
+pub fn greedy_image(cache: &Path, size: usize) -> Result<BuiltImage, ImageError> {
+    let mut layer = Layer::default();
+    glibc_files(&mut layer, true)?;
+    for (path, entry) in &mut layer.entries {
+        if let (true, Entry::File { data, .. }) = (path.ends_with("/libc.so.6"), entry) {
+            *data = vec![0; size];
+        }
+    }
+    let name = "docker.io/library/hami-test-greedy:1";
+    write_archive(cache, "greedy", name, &layer, &["/usr/bin/true"])
+}
+
+/// `docker.io/library/hami-test-endless:1`: one layer holding one file of
+/// `gib` GiB of zeros, as a few MiB of gzip members (each MiB of zeros
+/// compressed once and repeated): reading it takes the loader check long.
+///
+/// # Errors
+/// The archive cannot be written.
+pub fn endless_image(cache: &Path, gib: u64) -> Result<BuiltImage, ImageError> {
+    let archive = cache.join("endless.tar");
+    let fail = io_error("building the layer of", &archive);
+    let size = gib << 30;
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o755);
+    header.set_mtime(0);
+    header.set_size(size);
+    header.set_entry_type(tar::EntryType::Regular);
+    header
+        .set_path("big")
+        .map_err(io_error("building the layer of", &archive))?;
+    header.set_cksum();
+    let mut gz = gzip(header.as_bytes()).map_err(io_error("building the layer of", &archive))?;
+    let mib = gzip(&vec![0; 1 << 20]).map_err(io_error("building the layer of", &archive))?;
+    for _ in 0..(size >> 20) {
+        gz.extend_from_slice(&mib);
+    }
+    gz.extend(gzip(&[0; 1024]).map_err(fail)?);
+    // Not unpacked by `import --no-unpack`: nothing checks the diff_id.
+    let diff_id = sha256_digest(b"endless");
+    let name = "docker.io/library/hami-test-endless:1";
+    write_gz_archive(cache, "endless", name, (gz, diff_id), &["/big"])
+}
+
+/// `docker.io/library/hami-test-crowded:1`: one uncompressed layer of
+/// `entries` empty files with 90-byte names: a file tree that takes memory
+/// to hold (each entry a few hundred bytes of tar, well within the loader
+/// check's bounds of entries and tree bytes).
+///
+/// # Errors
+/// The archive cannot be written.
+pub fn crowded_image(cache: &Path, entries: usize) -> Result<BuiltImage, ImageError> {
+    let archive = cache.join("crowded.tar");
+    let mut builder = tar::Builder::new(Vec::with_capacity(entries * 512 + 1024));
+    for i in 0..entries {
+        let mut header = tar::Header::new_ustar();
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_size(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        let path = format!("many/{i:010}-{}", "x".repeat(74));
+        builder
+            .append_data(&mut header, &path, io::empty())
+            .map_err(io_error("building the layer of", &archive))?;
+    }
+    let tar = builder
+        .into_inner()
+        .map_err(io_error("building the layer of", &archive))?;
+    let diff_id = sha256_digest(&tar);
+    let layer = ("application/vnd.oci.image.layer.v1.tar", tar, diff_id);
+    let names = ("crowded", "docker.io/library/hami-test-crowded:1");
+    write_layer_archive(cache, names, layer, &["/many/0000000000"])
 }

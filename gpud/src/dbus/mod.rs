@@ -167,17 +167,29 @@ async fn connect(
 }
 
 /// The loader object of `config`; containerd is reached through this
-/// runtime.
+/// runtime, and images are parsed in children of the AMD SMI probe's
+/// helper (this executable) re-entered as `loader-inspect`.
 fn loader_object(config: &ServiceConfig) -> loader::LoaderObject {
-    use crate::loader_check::{checker, stage::HookStage};
+    use crate::loader_check::{checker, sandbox::Sandbox, stage::HookStage};
+    let sandbox = Sandbox {
+        uid: config.loader.inspector_uid,
+        gid: config.loader.inspector_uid,
+        memory: config.loader.inspector_memory,
+        ..Sandbox::new(config.amdsmi.helper.clone())
+    };
     let inspect = checker::ContainerdInspect {
         socket: config.loader.containerd_socket.clone(),
         namespace: config.loader.containerd_namespace.clone(),
         handle: tokio::runtime::Handle::current(),
         call_timeout: Duration::from_secs(10),
+        sandbox: Some(sandbox),
+    };
+    let checks = checker::CheckerConfig {
+        budget: config.loader.budget,
+        ..checker::CheckerConfig::default()
     };
     loader::LoaderObject {
-        checker: checker::Checker::new(inspect, checker::CheckerConfig::default()),
+        checker: checker::Checker::new(inspect, checks),
         stage: Arc::new(HookStage::new(
             &config.paths,
             Some(config.loader.memory_hook.clone()),

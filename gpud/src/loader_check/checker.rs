@@ -33,6 +33,10 @@ use super::{
     analyze::{self, InspectError, Limits, Platform},
     containerd::ContainerdSource,
     reference::{self, ReferenceError},
+    sandbox::{
+        self, ChildFailure, Sandbox,
+        wire::{FailKind, Verdict},
+    },
 };
 
 use cache::Cache;
@@ -140,6 +144,9 @@ pub struct ContainerdInspect {
     pub handle: tokio::runtime::Handle,
     /// Each call to containerd (and each chunk of a layer).
     pub call_timeout: Duration,
+    /// Where the image is parsed: a child process (production), or this
+    /// process (`None`; tests of the analysis).
+    pub sandbox: Option<Sandbox>,
 }
 
 impl Inspect for ContainerdInspect {
@@ -166,12 +173,46 @@ impl Inspect for ContainerdInspect {
             }
             None => {}
         }
+        if let Some(sandbox) = &self.sandbox {
+            return in_child(sandbox, &mut source, image, &target, deadline);
+        }
         let limits = Limits {
             deadline,
             ..Limits::default()
         };
         analyze::inspect_target(&mut source, &target, &Platform::host(), &limits)
             .map_err(|e| CheckError::of_inspection(image, Some(&target.digest), &e))
+    }
+}
+
+/// Inspects `target` in a child of `sandbox`: its verdict, or its failure
+/// (cached by digest unless the child could not even start).
+fn in_child(
+    sandbox: &Sandbox,
+    source: &mut dyn ImageSource,
+    image: &str,
+    target: &super::Descriptor,
+    deadline: Instant,
+) -> Result<Finding, CheckError> {
+    let budget = deadline.saturating_duration_since(Instant::now());
+    let failed = |digest: Option<&str>, why: String| CheckError::Failed {
+        image: image.to_owned(),
+        digest: digest.map(str::to_owned),
+        why,
+    };
+    match sandbox::inspect_in_child(sandbox, source, target, budget) {
+        Ok(Verdict::Found { loader, evidence }) => Ok(Finding {
+            digest: target.digest.clone(),
+            loader,
+            evidence,
+        }),
+        Ok(Verdict::Failed { kind, why, lasting }) => Err(match kind {
+            FailKind::NotPresent => CheckError::NotPresent(why),
+            FailKind::NoRuntime => CheckError::NoRuntime(why),
+            FailKind::Content => failed(lasting.then_some(target.digest.as_str()), why),
+        }),
+        Err(err @ ChildFailure::Spawn { .. }) => Err(failed(None, err.to_string())),
+        Err(err) => Err(failed(Some(&target.digest), err.to_string())),
     }
 }
 

@@ -22,6 +22,7 @@ mod inspection;
 mod layers;
 mod oci;
 pub mod reference;
+pub mod sandbox;
 pub mod source;
 pub mod stage;
 #[cfg(test)]
@@ -33,7 +34,8 @@ mod zstd;
 pub use source::{Descriptor, ImageSource, SourceError};
 
 /// The loader an image's entrypoint runs under.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Loader {
     /// glibc's `ld-linux*.so`, with the newest `GLIBC_x.y` version that the
     /// image's `libc.so.6` defines (from its ELF version definitions).

@@ -185,6 +185,9 @@ mod tests {
                 containerd_socket: root.join("containerd.sock"),
                 containerd_namespace: "k8s.io".into(),
                 memory_hook: root.join("hook.so"),
+                budget: Duration::from_secs(600),
+                inspector_memory: 1 << 30,
+                inspector_uid: 60701,
             },
         })
     }

@@ -48,10 +48,11 @@ fn main() -> ExitCode {
     }
     // `gpud serve` with AMD SMI re-enters its own executable to probe the
     // library in a child process.
-    if argv
-        .get(1)
-        .is_some_and(|a| a == gpud::testing::amdsmi::PROBE_SUBCOMMAND)
-    {
+    // So does its loader check, to parse images in a child process.
+    if argv.get(1).is_some_and(|a| {
+        a == gpud::testing::amdsmi::PROBE_SUBCOMMAND
+            || a == gpud::testing::loader_check::INSPECT_SUBCOMMAND
+    }) {
         return gpud::main(argv);
     }
     match run(Args::parse()) {

@@ -1,0 +1,326 @@
+//! The loader check's image inspector in its child process (issue 38): a
+//! real containerd holding images built to hurt the inspector, amd-gpud
+//! (`--loader-check-budget 6 --loader-check-memory 24`) asked about them by
+//! the plugin's UID on a private bus with the shipped policy.
+//!
+//! - an image that needs more memory than the child may have (a 31 MiB
+//!   `libc.so.6`, read whole) kills only the child: the answer names the
+//!   image and the child's death, amd-gpud's resident set never holds the
+//!   blob, and it answers the next call; so does one whose file tree
+//!   outgrows the child (300,000 entries): the child dies of it (SIGABRT);
+//! - an image that takes long (15 GiB of zeros in one layer) is answered
+//!   at the deadline, by a child that runs as `amd-gpud-inspect` (60701)
+//!   with no groups, no new privileges and its limits;
+//! - every failure is cached and names the image (to root; the plugin's
+//!   copy has it redacted): asking again is answered at once.
+//!
+//! Needs root (private bus, containerd, setpriv).
+
+// An integration-test file is itself the test module, and a failed unwrap is a
+// failed test here.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tests::{
+    bus::{self, PLUGIN_UID, PrivateBus},
+    containerd::Containerd,
+    oci_images, stack,
+};
+
+const LOADER: &str = "io.hami.AmdGpu1.Loader";
+const GREEDY_LIBC: usize = 31 << 20;
+/// Entries of the crowded image: more than 24 MiB of tree to hold.
+const CROWDED: usize = 300_000;
+
+fn inspect(bus: &PrivateBus, image: &str) -> bus::RunOutput {
+    inspect_as(bus, PLUGIN_UID, image)
+}
+
+/// As [`inspect`], as `uid` (root's errors keep the image's name; the
+/// plugin's have names that look like paths redacted).
+fn inspect_as(bus: &PrivateBus, uid: u32, image: &str) -> bus::RunOutput {
+    let args = [
+        "call",
+        bus::BUS_NAME,
+        ipc::ROOT_PATH,
+        LOADER,
+        "InspectImage",
+        "s",
+        image,
+    ];
+    bus::busctl(bus, uid, &args).unwrap()
+}
+
+/// A field of `/proc/<pid>/status` (`VmRSS`, `Uid`, ...), trimmed.
+fn status_field(pid: u32, field: &str) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let prefix = format!("{field}:");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.trim().to_owned())
+}
+
+fn kib(pid: u32, field: &str) -> u64 {
+    let value = status_field(pid, field).unwrap();
+    value.trim_end_matches("kB").trim().parse().unwrap()
+}
+
+/// The children of `parent`, from each of its threads' `children` file.
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| {
+            list.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// What the inspector child of `gpud` runs as and under, read while it
+/// inspects.
+fn check_child_confinement(gpud: u32) {
+    let started = Instant::now();
+    let child = loop {
+        if let Some(pid) = children(gpud).first() {
+            break *pid;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "no child");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Give it the time to confine itself before it reads its job.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        status_field(child, "Uid").unwrap(),
+        "60701\t60701\t60701\t60701"
+    );
+    assert_eq!(
+        status_field(child, "Gid").unwrap(),
+        "60701\t60701\t60701\t60701"
+    );
+    assert_eq!(status_field(child, "Groups").unwrap(), "");
+    assert_eq!(status_field(child, "NoNewPrivs").unwrap(), "1");
+    assert_eq!(status_field(child, "CapEff").unwrap(), "0000000000000000");
+    let limits = std::fs::read_to_string(format!("/proc/{child}/limits")).unwrap();
+    let line = |name: &str| {
+        limits
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(
+        line("Max data size").contains(&(24_u64 << 20).to_string()),
+        "{limits}"
+    );
+    assert!(line("Max processes").contains("0 0"), "{limits}");
+    // The budget left (6 s at most) and the grace (2 s), plus a second.
+    let cpu = line("Max cpu time");
+    let cpu: Vec<u64> = cpu.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert!(
+        matches!(cpu[..], [soft, hard] if soft == hard && soft <= 9),
+        "{limits}"
+    );
+    assert!(line("Max open files").contains("4 4"), "{limits}");
+    // Its pipes, and what amd-gpud itself inherited without close-on-exec
+    // from this test (cargo's jobserver): nothing amd-gpud opened.
+    let fds = |pid: &str| -> Vec<(String, String)> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let target = std::fs::read_link(e.path()).ok()?;
+                Some((
+                    e.file_name().into_string().ok()?,
+                    target.display().to_string(),
+                ))
+            })
+            .collect()
+    };
+    let ours = fds("self");
+    for (fd, target) in fds(&child.to_string()) {
+        let inherited = ours.contains(&(fd.clone(), target.clone()));
+        assert!(
+            ["0", "1", "2"].contains(&fd.as_str()) || inherited,
+            "the child holds fd {fd} ({target}) of amd-gpud"
+        );
+    }
+}
+
+/// The peaks seen, every 5 ms, of amd-gpud's children's `VmHWM` and of its
+/// threads plus children, until dropped.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    child_hwm_kib: Arc<AtomicU64>,
+    tasks: Arc<AtomicU64>,
+}
+
+impl Sampler {
+    fn start(gpud: u32) -> Self {
+        let sampler = Self {
+            stop: Arc::default(),
+            child_hwm_kib: Arc::default(),
+            tasks: Arc::default(),
+        };
+        let (stop, hwm, tasks) = (
+            Arc::clone(&sampler.stop),
+            Arc::clone(&sampler.child_hwm_kib),
+            Arc::clone(&sampler.tasks),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let kids = children(gpud);
+                for kid in &kids {
+                    let kib = status_field(*kid, "VmHWM")
+                        .and_then(|v| v.trim_end_matches("kB").trim().parse().ok());
+                    hwm.fetch_max(kib.unwrap_or(0), Ordering::SeqCst);
+                }
+                let threads: u64 = status_field(gpud, "Threads")
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                tasks.fetch_max(threads + kids.len() as u64, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        sampler
+    }
+
+    fn peaks(&self) -> (u64, u64) {
+        (
+            self.child_hwm_kib.load(Ordering::SeqCst),
+            self.tasks.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// amd-gpud's command: `fake-node gpud`, or (for the figures of
+/// docs/benchmarks.md) the amd-gpud named by `LOADER_SANDBOX_GPUD`, behind
+/// a script that drops the `gpud` word the harness puts first.
+fn gpud_exe(scratch: &std::path::Path) -> PathBuf {
+    let Some(gpud) = std::env::var_os("LOADER_SANDBOX_GPUD") else {
+        return common::fake_node_exe();
+    };
+    let script = scratch.join("amd-gpud.sh");
+    let text = format!(
+        "#!/bin/sh\nshift\nexec '{}' \"$@\"\n",
+        PathBuf::from(gpud).display()
+    );
+    std::fs::write(&script, text).unwrap();
+    let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&script, mode).unwrap();
+    script
+}
+
+#[test]
+fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let containerd = Containerd::start().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let glibc = oci_images::glibc_image(cache.path()).unwrap();
+    let greedy = oci_images::greedy_image(cache.path(), GREEDY_LIBC).unwrap();
+    let endless = oci_images::endless_image(cache.path(), 15).unwrap();
+    let crowded = oci_images::crowded_image(cache.path(), CROWDED).unwrap();
+    for image in [&glibc, &greedy, &endless, &crowded] {
+        containerd.import(&image.archive, "k8s.io").unwrap();
+    }
+    let socket = containerd.socket.display().to_string();
+    let args = [
+        "--containerd-socket",
+        socket.as_str(),
+        "--loader-check-budget",
+        "6",
+        "--loader-check-memory",
+        "24",
+    ];
+    let exe = gpud_exe(cache.path());
+    let node = stack::bench_node(&exe, "mi300x-8-spx", &args).unwrap();
+    let gpud = node.gpud.0.id();
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_idle = kib(gpud, "VmRSS");
+
+    let sampler = Sampler::start(gpud);
+    let out = inspect(&node.bus, &glibc.name);
+    assert!(out.success() && out.stdout.contains("\"glibc\""), "{out:?}");
+    let (glibc_child_kib, _) = sampler.peaks();
+    drop(sampler);
+    let rss_before = kib(gpud, "VmRSS");
+    let sampler = Sampler::start(gpud);
+
+    // Read whole with a fallible allocation: the child's limit refuses it.
+    let out = inspect(&node.bus, &greedy.name);
+    assert!(!out.success(), "{out:?}");
+    assert!(out.stderr.contains("out of memory"), "{out:?}");
+    let hwm = kib(gpud, "VmHWM");
+    assert!(
+        (hwm.saturating_sub(rss_before) * 1024) < (GREEDY_LIBC / 4) as u64,
+        "amd-gpud peaked at {hwm} KiB from {rss_before} KiB: it held the blob"
+    );
+    // A tree that grows past the limit: the child dies of it, alone.
+    let out = inspect(&node.bus, &crowded.name);
+    assert!(!out.success(), "{out:?}");
+    assert!(
+        out.stderr.contains("image inspector died of SIGABRT"),
+        "{out:?}"
+    );
+    assert!(out.stderr.contains("memory allocation"), "{out:?}");
+    assert!(children(gpud).is_empty(), "a child outlived its answer");
+
+    let asked = Instant::now();
+    let waiting = std::thread::scope(|s| {
+        let answer = s.spawn(|| inspect(&node.bus, &endless.name));
+        check_child_confinement(gpud);
+        answer.join().unwrap()
+    });
+    let took = asked.elapsed();
+    assert!(!waiting.success(), "{waiting:?}");
+    assert!(
+        waiting.stderr.contains("out of time") || waiting.stderr.contains("deadline"),
+        "{waiting:?}"
+    );
+    // busctl itself gives up after 10 s.
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+    assert!(children(gpud).is_empty(), "a child outlived its answer");
+
+    for image in [&greedy, &crowded, &endless] {
+        let asked = Instant::now();
+        let again = inspect_as(&node.bus, 0, &image.name);
+        assert!(!again.success(), "{again:?}");
+        assert!(again.stderr.contains(&image.name), "{again:?}");
+        assert!(asked.elapsed() < Duration::from_secs(2), "not cached");
+    }
+    let out = inspect(&node.bus, &glibc.name);
+    assert!(out.success(), "{out:?}");
+    let (attack_child_kib, tasks) = sampler.peaks();
+    let rss_after = kib(gpud, "VmRSS");
+    eprintln!(
+        "amd-gpud VmRSS idle {rss_idle} KiB, after one inspection {rss_before} KiB, \
+         after the attacks {rss_after} KiB, VmHWM {} KiB; child VmHWM: glibc image \
+         {glibc_child_kib} KiB, attacks {attack_child_kib} KiB; peak threads + children {tasks}",
+        kib(gpud, "VmHWM")
+    );
+}
