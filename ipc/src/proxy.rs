@@ -89,6 +89,13 @@ pub trait Node {
         ApiError,
     >;
 
+    /// The compute units the waves of each container's processes occupy
+    /// per KFD GPU, from KFD's per-process `stats_<gpu_id>/cu_occupancy`
+    /// (read for the processes holding VRAM on that GPU; none where the
+    /// kernel has no such file). The same read as `GetUsage`, cached alike.
+    /// Root or the plugin. Errors: as `GetUsage`.
+    fn get_compute_usage(&self) -> Result<Vec<crate::usage::ContainerCompute>, ApiError>;
+
     /// Emitted after every change of the inventory: the new generation and the
     /// GPU and partition objects added, removed (gone from the host but kept
     /// with health `Missing`) and changed.

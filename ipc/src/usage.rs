@@ -1,5 +1,6 @@
 //! What `GetUsage` answers: the VRAM each container's processes hold per
-//! KFD GPU, each pod's `dmem.current`, and each GPU's own use.
+//! KFD GPU, each pod's `dmem.current`, and each GPU's own use; and what
+//! `GetComputeUsage` answers: the CUs each container's waves occupy.
 
 use serde::{Deserialize, Serialize};
 use zbus::zvariant::{OwnedValue, Type, Value};
@@ -18,6 +19,27 @@ pub struct ContainerVram {
     /// Processes summed.
     pub processes: u32,
     pub vram_bytes: u64,
+}
+
+/// The compute units the waves of one container's processes occupy on one
+/// KFD GPU (`(sstuu)`), summed from KFD's per-process
+/// `stats_<gpu_id>/cu_occupancy`: the kernel turns the process's waves in
+/// flight into CUs, rounding up (torvalds/linux:
+/// drivers/gpu/drm/amd/amdkfd/kfd_process.c, `kfd_get_cu_occupancy`). An
+/// instant's count, not an average. Present only where the file read (a
+/// kernel or GPU without it gives none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Type, Value, OwnedValue)]
+pub struct ContainerCompute {
+    /// The pod's UID, as in [`ContainerVram`].
+    pub pod_uid: String,
+    /// The container's runtime ID, as in [`ContainerVram`].
+    pub container_id: String,
+    /// KFD `gpu_id` of the GPU or partition.
+    pub gpu_id: u64,
+    /// Processes summed.
+    pub processes: u32,
+    /// CUs occupied, summed over the processes.
+    pub cus: u32,
 }
 
 /// One pod's `dmem.current` for one GPU (`(sst)`).
@@ -48,10 +70,12 @@ pub struct GpuUse {
     pub source: String,
 }
 
-/// The three lists of a `GetUsage` answer.
+/// The three lists of a `GetUsage` answer, and `GetComputeUsage`'s.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     pub containers: Vec<ContainerVram>,
     pub dmem: Vec<PodDmem>,
     pub gpus: Vec<GpuUse>,
+    /// Empty from an amd-gpud without `GetComputeUsage`.
+    pub compute: Vec<ContainerCompute>,
 }

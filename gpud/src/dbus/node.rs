@@ -9,7 +9,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use ipc::{
     ApiError,
-    usage::{ContainerVram, GpuUse, PodDmem},
+    usage::{ContainerCompute, ContainerVram, GpuUse, PodDmem},
 };
 use tokio::sync::watch;
 use tracing::{Instrument, info_span};
@@ -202,6 +202,39 @@ impl NodeObject {
                 .map_err(|e| auth::for_caller(uid, ApiError::Failed(e.to_string())))?;
             let u = &reading.usage;
             Ok((u.containers.clone(), u.dmem.clone(), u.gpus.clone()))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The compute units the waves of each container's processes occupy per
+    /// KFD gpu_id: KFD's per-process stats_<gpu_id>/cu_occupancy (waves in
+    /// flight turned into CUs by the kernel, an instant's count), summed
+    /// per container, read only where the process holds VRAM on that
+    /// gpu_id; nothing where the kernel has no such file. The same read as
+    /// GetUsage (cached alike, one read serves both). Errors: as GetUsage.
+    async fn get_compute_usage(
+        &self,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Vec<ContainerCompute>, ApiError> {
+        let uid = auth::caller_uid(conn, &header).await;
+        let span = info_span!(
+            "dbus",
+            method = "GetComputeUsage",
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+        );
+        async {
+            let uid = uid?;
+            auth::check(uid, &self.allowed_uids, "GetComputeUsage")
+                .inspect_err(|e| tracing::warn!("{e}"))?;
+            let targets = reader::targets(&self.snapshot().registry);
+            let reading = self
+                .usage
+                .get(targets)
+                .await
+                .map_err(|e| auth::for_caller(uid, ApiError::Failed(e.to_string())))?;
+            Ok(reading.usage.compute.clone())
         }
         .instrument(span)
         .await

@@ -1,7 +1,9 @@
 //! What pods and GPUs use, read where the truth is (root only): KFD's
 //! per-process files (`<sys>/class/kfd/kfd/proc/<pid>/vram_<gpu_id>`,
 //! docs/amd-hardware.md §7) mapped to pods and containers through
-//! `<proc>/<pid>/cgroup` and kubelet's pod cgroups ([`cgroup`]), each pod's
+//! `<proc>/<pid>/cgroup` and kubelet's pod cgroups ([`cgroup`]), the CUs
+//! their waves occupy (`stats_<gpu_id>/cu_occupancy`, read only where the
+//! process holds VRAM on that GPU), each pod's
 //! `dmem.current`, and each GPU's sysfs values ([`sysfs`]), VRAM used and
 //! activity from AMD SMI where it answers ([`amdsmi`]); [`reader`] serves
 //! `GetUsage` from these: one read at a time, within a deadline, cached.
@@ -21,7 +23,7 @@ use std::{
     path::PathBuf,
 };
 
-use ipc::usage::{ContainerVram, PodDmem, Usage};
+use ipc::usage::{ContainerCompute, ContainerVram, PodDmem, Usage};
 
 use crate::{
     HostPaths,
@@ -85,6 +87,7 @@ type Key = (String, String, u64);
 pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading {
     let mut reading = Reading::default();
     let mut vram: BTreeMap<Key, (u32, u64)> = BTreeMap::new();
+    let mut compute: BTreeMap<Key, (u32, u32)> = BTreeMap::new();
     let mut pods: BTreeMap<String, PathBuf> = BTreeMap::new();
     for pid in kfd_pids(paths, &mut reading.skipped) {
         let cgroup = sysfs::read_small(&paths.proc.join(pid.to_string()).join("cgroup"));
@@ -106,6 +109,13 @@ pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading
             if vram.len() >= MAX_ENTRIES && !vram.contains_key(&key) {
                 continue;
             }
+            if let Some(cus) = cu_occupancy(&dir, gpu_id)
+                && (compute.len() < MAX_ENTRIES || compute.contains_key(&key))
+            {
+                let entry = compute.entry(key.clone()).or_default();
+                entry.0 += 1;
+                entry.1 = entry.1.saturating_add(cus);
+            }
             let entry = vram.entry(key).or_default();
             entry.0 += 1;
             entry.1 = entry.1.saturating_add(bytes);
@@ -124,6 +134,18 @@ pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading
             },
         )
         .collect();
+    reading.usage.compute = compute
+        .into_iter()
+        .map(
+            |((pod_uid, container_id, gpu_id), (processes, cus))| ContainerCompute {
+                pod_uid,
+                container_id,
+                gpu_id,
+                processes,
+                cus,
+            },
+        )
+        .collect();
     reading.usage.dmem = dmem_current(paths, &pods);
     reading.usage.gpus = targets
         .gpus
@@ -133,6 +155,19 @@ pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading
         .collect();
     reading
 }
+
+/// The CUs a process's waves occupy on `gpu_id`, from its KFD directory
+/// `dir`; `None` where the file is missing or fails to read (the kernel
+/// answers EINVAL on GPUs without the counter) or holds no number. A count
+/// above [`MAX_CUS`] is no GPU's: left out.
+fn cu_occupancy(dir: &std::path::Path, gpu_id: u64) -> Option<u32> {
+    let path = dir.join(format!("stats_{gpu_id}")).join("cu_occupancy");
+    let cus = u32::try_from(sysfs::read_u64(&path)?).ok()?;
+    (cus <= MAX_CUS).then_some(cus)
+}
+
+/// More CUs than any GPU or partition has (an MI300X has 304).
+pub const MAX_CUS: u32 = 4096;
 
 /// The PIDs of KFD's per-process directories, at most [`MAX_PROCESSES`]
 /// (the rest counted in `skipped`), in order.

@@ -109,3 +109,61 @@ fn layouts_follow_the_kubelet_config() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].kubepods(), PathBuf::from("k/kubepods"));
 }
+
+fn occupancy(paths: &HostPaths, pid: u32, gpu_id: u64, text: &str) {
+    let dir = paths.kfd_proc().join(pid.to_string());
+    write(&dir.join(format!("stats_{gpu_id}/cu_occupancy")), text);
+}
+
+#[test]
+fn occupied_cus_are_summed_per_container_where_the_kernel_counts_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = HostPaths::under(tmp.path());
+    let u = POD.replace('-', "_");
+    let pod = format!("/kubepods.slice/kubepods-pod{u}.slice");
+    let container = format!("{pod}/cri-containerd-{CID}.scope");
+    process(&paths, 100, &container, &[(7, 1000), (9, 10), (11, 10)]);
+    process(&paths, 101, &container, &[(7, 24), (9, 0)]);
+    occupancy(&paths, 100, 7, "30\n");
+    occupancy(&paths, 101, 7, "12\n");
+    // No VRAM on gpu 9 for 101: its counter is not read.
+    occupancy(&paths, 101, 9, "99\n");
+    occupancy(&paths, 100, 9, "0\n");
+    // Gpu 11 has no counter (an older kernel): no entry, not zero.
+    // A service's waves are no pod's.
+    process(&paths, 200, "/system.slice/x.service", &[(7, 1)]);
+    occupancy(&paths, 200, 7, "80\n");
+    let targets = Targets {
+        gpus: Vec::new(),
+        gpu_ids: vec![7, 9, 11],
+    };
+    let got = read(&paths, &systemd(), &targets).usage.compute;
+    let seen: Vec<_> = got
+        .iter()
+        .map(|c| (c.container_id.as_str(), c.gpu_id, c.processes, c.cus))
+        .collect();
+    assert_eq!(seen, [(CID, 7, 2, 42), (CID, 9, 1, 0)], "{got:?}");
+}
+
+#[test]
+fn an_odd_or_oversized_counter_is_left_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = HostPaths::under(tmp.path());
+    let cgroup = format!(
+        "/kubepods.slice/kubepods-pod{}.slice",
+        POD.replace('-', "_")
+    );
+    process(&paths, 100, &cgroup, &[(7, 10), (9, 10), (11, 10)]);
+    occupancy(&paths, 100, 7, "lots\n");
+    occupancy(&paths, 100, 9, &format!("{}\n", MAX_CUS + 1));
+    // A file past the read bound is read up to it only.
+    let long = "1".repeat(usize::try_from(sysfs::MAX_FILE).unwrap() * 4);
+    occupancy(&paths, 100, 11, &long);
+    let targets = Targets {
+        gpus: Vec::new(),
+        gpu_ids: vec![7, 9, 11],
+    };
+    let got = read(&paths, &systemd(), &targets);
+    assert!(got.usage.compute.is_empty(), "{:?}", got.usage.compute);
+    assert_eq!(got.usage.containers.len(), 3);
+}

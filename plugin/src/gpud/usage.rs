@@ -1,5 +1,6 @@
 //! Following what pods and GPUs use: a background task asks amd-gpud's
-//! `GetUsage` every [`EVERY`] and keeps the last answer for `/metrics`, so a
+//! `GetUsage` (and `GetComputeUsage`, the CUs containers occupy; empty from
+//! an amd-gpud without it) every [`EVERY`] and keeps the last answer for `/metrics`, so a
 //! scrape never waits on amd-gpud and several scrapers cost one call. A call
 //! that fails or takes longer than [`CALL_TIMEOUT`] clears the answer: the
 //! usage series vanish rather than show stale values.
@@ -61,14 +62,21 @@ async fn call(bus: &Bus, conn: &mut Option<zbus::Connection>) -> Result<Usage, S
         };
         let node = node_proxy(&c).await?;
         let (mut containers, mut dmem, mut gpus) = node.get_usage().await?;
+        // The same cached read; an older amd-gpud has no such method.
+        let mut compute = node.get_compute_usage().await.unwrap_or_else(|err| {
+            debug!("amd-gpud GetComputeUsage: {err} (no occupied CUs)");
+            Vec::new()
+        });
         *conn = Some(c);
         containers.truncate(MAX_ENTRIES);
         dmem.truncate(MAX_ENTRIES);
         gpus.truncate(MAX_ENTRIES);
+        compute.truncate(MAX_ENTRIES);
         Ok(Usage {
             containers,
             dmem,
             gpus,
+            compute,
         })
     };
     tokio::time::timeout(CALL_TIMEOUT, once)

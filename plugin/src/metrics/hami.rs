@@ -17,7 +17,7 @@
 //! | `hami_vgpu_memory_used_bytes` | `namespace`, `pod`, `container`, `vdevice_index`, `device_uuid` | VRAM the container's processes hold on the device (KFD), bytes |
 //! | `hami_container_device_memory_bytes` | same | the same figure (HAMi reports its total twice) |
 //! | `hami_vgpu_memory_limit_bytes` | same | VRAM HAMi granted the container on the device, bytes |
-//! | `hami_container_device_utilization_ratio` | same | the GPU's activity, 0-100, while this container is the only one holding any device of that GPU |
+//! | `hami_container_device_utilization_ratio` | same | CUs the container's waves occupy (KFD `cu_occupancy`) out of the device's, 0-100; on a node without `cu_occupancy`, the GPU's activity while this container is the only one holding any device of that GPU |
 //! | `hami_vgpumonitor_collect_success` | `node` | 1 when amd-gpud answered the last `GetUsage`, else 0 |
 //! | `amdgpu_dp_container_compute_units` | same as `hami_vgpu_*`, without `zone` | CUs granted |
 //! | `amdgpu_dp_pod_cu_mask_info` | `namespace`, `pod`, `device_uuid`, `mask` | 1; `mask` is the pod's CU list on the device (union over its containers) |
@@ -34,7 +34,7 @@ mod join;
 mod tests;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, atomic::AtomicU64},
 };
 
@@ -199,7 +199,7 @@ impl HamiMetrics {
             ),
             (
                 "hami_container_device_utilization_ratio",
-                "Container device utilization ratio (0-100): the GPU's activity while the container is its only holder",
+                "Container device utilization ratio (0-100): CUs its waves occupy out of the device's (KFD cu_occupancy), else the GPU's activity while the container is its only holder",
                 &self.container_utilization,
             ),
         ];
@@ -310,15 +310,28 @@ impl HamiMetrics {
         }
     }
 
-    /// `hami_container_device_utilization_ratio`: amd-gpud measures
-    /// activity per GPU, not per process, so a container gets its GPU's
+    /// `hami_container_device_utilization_ratio`, HAMi's percent of the
+    /// device (its SM utilization, Project-HAMi/HAMi:cmd/vGPUmonitor/metrics.go):
+    /// on a GPU where KFD counts occupied CUs (`cu_occupancy`, any of its
+    /// processes in pods answered), the CUs the container's waves occupy out
+    /// of the device's CUs, for every holder, shared or not. Elsewhere
+    /// amd-gpud measures activity per GPU only, so a container gets its GPU's
     /// figure only while it is the one holder of any device of that GPU
     /// across the node's live pods; a shared GPU's activity is no one
     /// container's, and gets no series.
     fn observe_utilization(&self, snapshot: &Snapshot, usage: &Usage, holders: Vec<Holder>) {
+        let counted = counting_gpus(snapshot, usage);
         let mut by_gpu: HashMap<&str, Vec<ContainerLabels>> = HashMap::new();
-        for (labels, device) in holders {
-            if let Some(d) = snapshot.device(&device) {
+        for (labels, device, cus) in holders {
+            let Some(d) = snapshot.device(&device) else {
+                continue;
+            };
+            if counted.contains(d.bdf.as_str()) {
+                let percent = occupied_percent(cus, d.compute_units);
+                self.container_utilization
+                    .get_or_create(&labels)
+                    .set(percent);
+            } else {
                 by_gpu.entry(d.gpu_bdf.as_str()).or_default().push(labels);
             }
         }
@@ -330,4 +343,25 @@ impl HamiMetrics {
             }
         }
     }
+}
+
+/// The devices (their own PCI addresses) for which amd-gpud counted occupied
+/// CUs: a `cu_occupancy` of any of their KFD gpu_ids.
+fn counting_gpus<'a>(snapshot: &'a Snapshot, usage: &Usage) -> HashSet<&'a str> {
+    let ids: HashSet<u64> = usage.compute.iter().map(|c| c.gpu_id).collect();
+    snapshot
+        .partitions
+        .iter()
+        .filter(|(_, parts)| parts.iter().any(|p| ids.contains(&p.gpu_id)))
+        .map(|(bdf, _)| bdf.as_str())
+        .collect()
+}
+
+/// `cus` of `of` as a percent, 0-100 (0 when the device's CUs are unknown).
+fn occupied_percent(cus: u64, of: u32) -> i64 {
+    if of == 0 {
+        return 0;
+    }
+    let percent = (cus.saturating_mul(100) + u64::from(of) / 2) / u64::from(of);
+    i64::try_from(percent.min(100)).unwrap_or(100)
 }

@@ -61,26 +61,31 @@ fn runtime_ids(pod: &Pod) -> HashMap<&str, &str> {
 
 type Used = HashMap<(String, String), u64>;
 
-/// One container's grant of one device: its series' labels and the device id.
-pub(super) type Holder = (ContainerLabels, String);
+/// One container's grant of one device: its series' labels, the device id
+/// and the CUs its processes' waves occupy there (KFD's count).
+pub(super) type Holder = (ContainerLabels, String, u64);
 
-/// VRAM by (container name, device id), from the processes of `uid`.
-fn attribute(
-    usage: &Usage,
-    uid: &str,
+/// One measured figure of the pod's processes: runtime ID, KFD gpu_id, value.
+type Figure<'a> = (&'a str, u64, u64);
+
+/// Figures summed by (container name, device id): a process counts for the
+/// container its cgroup names, or, naming none known, for the one holder of
+/// the device.
+fn attribute<'a>(
+    figures: impl Iterator<Item = Figure<'a>>,
     pod: &Pod,
     holders: &HashMap<String, BTreeSet<String>>,
     devices: &Devices,
 ) -> Used {
     let names = runtime_ids(pod);
     let mut used = Used::new();
-    for c in usage.containers.iter().filter(|c| c.pod_uid == uid) {
+    for (container_id, gpu_id, value) in figures {
         for (device, held_by) in holders {
-            if !devices.serves(device, c.gpu_id) {
+            if !devices.serves(device, gpu_id) {
                 continue;
             }
             let named = names
-                .get(c.container_id.as_str())
+                .get(container_id)
                 .filter(|n| held_by.contains(**n))
                 .map(|n| (*n).to_owned());
             let only = (held_by.len() == 1)
@@ -88,11 +93,35 @@ fn attribute(
                 .flatten();
             if let Some(owner) = named.or(only) {
                 let slot = used.entry((owner, device.clone())).or_default();
-                *slot = slot.saturating_add(c.vram_bytes);
+                *slot = slot.saturating_add(value);
             }
         }
     }
     used
+}
+
+/// The pod's VRAM and occupied CUs by (container name, device id).
+fn measure(
+    usage: &Usage,
+    uid: &str,
+    pod: &Pod,
+    holders: &HashMap<String, BTreeSet<String>>,
+    devices: &Devices,
+) -> (Used, Used) {
+    let vram = usage
+        .containers
+        .iter()
+        .filter(|c| c.pod_uid == uid)
+        .map(|c| (c.container_id.as_str(), c.gpu_id, c.vram_bytes));
+    let cus = usage
+        .compute
+        .iter()
+        .filter(|c| c.pod_uid == uid)
+        .map(|c| (c.container_id.as_str(), c.gpu_id, u64::from(c.cus)));
+    (
+        attribute(vram, pod, holders, devices),
+        attribute(cus, pod, holders, devices),
+    )
 }
 
 impl HamiMetrics {
@@ -126,7 +155,7 @@ impl HamiMetrics {
                     .insert((*container).to_owned());
             }
         }
-        let used = usage.map(|u| attribute(u, uid, pod, &holders, devices));
+        let measured = usage.map(|u| measure(u, uid, pod, &holders, devices));
         let mut granted = Vec::new();
         for (container, devs) in spec_names.iter().zip(&entries) {
             for (index, d) in devs.iter().enumerate() {
@@ -142,13 +171,15 @@ impl HamiMetrics {
                 self.container_cus
                     .get_or_create(&labels)
                     .set(i64::from(d.usedcores));
-                if let Some(used) = &used {
-                    let key = ((*container).to_owned(), d.uuid.clone());
+                let key = ((*container).to_owned(), d.uuid.clone());
+                let mut cus = 0;
+                if let Some((used, occupied)) = &measured {
                     let bytes = gauge(used.get(&key).copied().unwrap_or(0));
                     self.vgpu_used.get_or_create(&labels).set(bytes);
                     self.container_memory.get_or_create(&labels).set(bytes);
+                    cus = occupied.get(&key).copied().unwrap_or(0);
                 }
-                granted.push((labels, d.uuid.clone()));
+                granted.push((labels, d.uuid.clone(), cus));
             }
         }
         self.observe_pod_extras(pod, (&namespace, &name, uid), usage);

@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use ipc::usage::{ContainerVram, GpuUse, PodDmem, Usage};
+use ipc::usage::{ContainerCompute, ContainerVram, GpuUse, PodDmem, Usage};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
@@ -72,6 +72,27 @@ fn measured() -> Usage {
             power_microwatts: 250_000_000,
             source: "sysfs".to_owned(),
         }],
+        compute: Vec::new(),
+    }
+}
+
+/// [`measured`] on a node whose KFD counts occupied CUs: `a`'s processes
+/// occupy 76, an unknown ID's 38 (two holders: no one's), another pod's 300.
+fn measured_with_cus() -> Usage {
+    let cus = |uid: &str, cid: &str, cus| ContainerCompute {
+        pod_uid: uid.to_owned(),
+        container_id: cid.to_owned(),
+        gpu_id: 100,
+        processes: 1,
+        cus,
+    };
+    Usage {
+        compute: vec![
+            cus(POD_UID, "abc123", 76),
+            cus(POD_UID, "", 38),
+            cus("11111111-2222-3333-4444-555555555555", "abc123", 300),
+        ],
+        ..measured()
     }
 }
 
@@ -258,4 +279,26 @@ fn the_series_list_is_in_sync() {
             "{name} is not exported"
         );
     }
+}
+
+/// With KFD's `cu_occupancy`, a shared GPU's containers each get the CUs
+/// their waves occupy, as a percent of the device's 304.
+#[test]
+fn occupied_cus_give_each_holder_of_a_shared_gpu_its_percent() {
+    let m = Metrics::new();
+    let usage = measured_with_cus();
+    let text = scrape(&m, &[pod()], Some(&usage));
+    let ratio = |name: &str| {
+        format!(
+            r#"hami_container_device_utilization_ratio{{zone="vGPU",namespace="ml",pod="train",container="{name}",vdevice_index="0",device_uuid="{GPU}"}}"#
+        )
+    };
+    assert_eq!(value(&text, &ratio("a")).as_deref(), Some("25"), "{text}");
+    assert_eq!(value(&text, &ratio("b")).as_deref(), Some("0"), "{text}");
+    // The lone holder gets its CUs too (the unknown ID's now count for it:
+    // 114 of 304), not the GPU's activity (37).
+    let text = scrape(&m, &[pod_of(&lone_pod())], Some(&usage));
+    assert_eq!(value(&text, &ratio("a")).as_deref(), Some("38"), "{text}");
+    assert_eq!(super::occupied_percent(400, 304), 100);
+    assert_eq!(super::occupied_percent(1, 0), 0);
 }
