@@ -321,3 +321,167 @@ fn all_at_once_replays_an_init_only_pod_beside_the_lock() {
     }
     assert_eq!(report["overlaps"], serde_json::json!([]));
 }
+
+/// HAMi's monitor-side series (issue 37 point 5: those its dashboard
+/// queries, and the host temperature and power), with the labels the
+/// dashboard's queries filter, join or group by and its legends print
+/// (Project-HAMi/HAMi:dashboards/hami-vgpu-dashboard.json).
+const MONITOR_SERIES: [(&str, &[&str]); 7] = [
+    ("hami_container_device_utilization_ratio", CONTAINER),
+    ("hami_vgpu_memory_used_bytes", CONTAINER),
+    ("hami_vgpu_memory_limit_bytes", CONTAINER),
+    ("hami_host_gpu_memory_used_bytes", HOST),
+    ("hami_host_gpu_utilization_ratio", HOST),
+    ("hami_host_gpu_temperature_celsius", HOST),
+    ("hami_host_gpu_power_usage_watts", HOST),
+];
+const CONTAINER: &[&str] = &[
+    "namespace",
+    "pod",
+    "container",
+    "vdevice_index",
+    "device_uuid",
+];
+const HOST: &[&str] = &["node", "device_index", "device_uuid", "device_type"];
+
+/// Each node's plugin serves HAMi's monitor on port 9394 at a loopback
+/// address of its own, named in the report; a scrape finds every series
+/// HAMi's dashboard reads, with its labels, for the pod that holds a slice.
+#[test]
+fn each_node_serves_hamis_monitor_on_9394() {
+    if !have_dbus() {
+        return;
+    }
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/01-quarter-gpu.yaml"
+    );
+    let args = [
+        "--json",
+        "--keep-running",
+        "--mode",
+        "cu",
+        "--amdsmi",
+        "none",
+        "--pods",
+        example,
+    ];
+    let running = Running::start(&args);
+    let nodes = running.report["nodes"].as_array().unwrap().clone();
+    assert!(!nodes.is_empty());
+    for node in &nodes {
+        let url = node["monitor"].as_str().unwrap_or_else(|| panic!("{node}"));
+        let rest = url.strip_prefix("http://127.0.0.").unwrap();
+        assert!(rest.contains(":9394/metrics"), "{url}");
+        let text = scrape_until(url, |t| {
+            MONITOR_SERIES
+                .iter()
+                .all(|(name, _)| t.contains(&format!("{name}{{")))
+        });
+        for (name, labels) in MONITOR_SERIES {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}{{")))
+                .unwrap_or_else(|| panic!("{name} missing at {url}:\n{text}"));
+            for label in labels {
+                assert!(
+                    line.contains(&format!("{label}=\""))
+                        && !line.contains(&format!("{label}=\"\"")),
+                    "{name} lacks {label}: {line}"
+                );
+            }
+        }
+        let pod = "pod=\"quarter-gpu\"";
+        let ratio = text
+            .lines()
+            .find(|l| l.starts_with("hami_container_device_utilization_ratio{") && l.contains(pod));
+        assert!(ratio.is_some(), "no utilization for the slice:\n{text}");
+    }
+}
+
+/// node-sim `--keep-running`, stopped (SIGTERM: it stops what it started)
+/// when dropped; `report` is its `--json` report.
+struct Running {
+    child: std::process::Child,
+    report: Value,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_node-sim"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                text.push_str(&line);
+                text.push('\n');
+                if let Ok(report) = serde_json::from_str::<Value>(&text) {
+                    let _ = tx.send(report);
+                }
+            }
+        });
+        let mut running = Self {
+            child,
+            report: Value::Null,
+        };
+        running.report = rx
+            .recv_timeout(LIMIT)
+            .unwrap_or_else(|e| panic!("no JSON report from node-sim: {e}"));
+        running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let start = std::time::Instant::now();
+        while self.child.try_wait().ok().flatten().is_none() {
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `GET url` (plain HTTP on loopback) until `done` holds of the body, or
+/// 60 s; the last body.
+fn scrape_until(url: &str, done: impl Fn(&str) -> bool) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (address, path) = rest.split_at(rest.find('/').unwrap());
+    let start = std::time::Instant::now();
+    let mut body = String::new();
+    while start.elapsed() < Duration::from_secs(60) {
+        if let Ok(mut stream) = std::net::TcpStream::connect(address) {
+            let request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n");
+            let mut response = String::new();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            if stream.write_all(request.as_bytes()).is_ok()
+                && stream.read_to_string(&mut response).is_ok()
+            {
+                body = response
+                    .split_once("\r\n\r\n")
+                    .map_or(response.clone(), |(_, b)| b.to_owned());
+                if done(&body) {
+                    return body;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    body
+}

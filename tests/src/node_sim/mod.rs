@@ -13,6 +13,7 @@
 pub mod admit;
 pub mod all_at_once;
 pub mod error;
+pub mod monitor;
 pub mod node;
 pub mod options;
 pub mod overlap;
@@ -195,6 +196,13 @@ impl Simulation {
             text.push_str(&format!("  kubectl get node {} -o yaml\n", node.name));
         }
         text.push_str("  kubectl get pods -o yaml\n");
+        for (node, monitor) in self
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n, n.monitor.as_ref()?)))
+        {
+            text.push_str(&format!("  curl -s {}  # {}\n", monitor.url(), node.name));
+        }
         for node in &self.nodes {
             let [plugin, gpud] = node.logs();
             text.push_str(&format!(
@@ -313,6 +321,7 @@ fn node_report(session: &Session, node: &SimNode, pods: &[PodReport]) -> NodeRep
         mode: node.mode,
         amdsmi: node.amdsmi.clone(),
         kubelet_devices: node.kubelet.devices().len(),
+        monitor: node.monitor.as_ref().map(monitor::Monitor::url),
         taints: session
             .api
             .get(Kind::Node, "", &node.name)

@@ -7,6 +7,7 @@ use std::{
     ffi::OsString,
     fs::{self, File},
     io,
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -17,6 +18,7 @@ use serde_json::{Value, json};
 use super::{
     Host, Progress, Session,
     error::SimError,
+    monitor::Monitor,
     options::{Mode, fixture_name},
 };
 use crate::{
@@ -53,6 +55,8 @@ pub struct SimNode {
     /// Where the processes' logs are.
     pub dir: PathBuf,
     plugin: Process,
+    /// Where the plugin serves its metrics; `None` when no address was free.
+    pub monitor: Option<Monitor>,
     pub kubelet: FakeKubelet,
     host: NodeHost,
 }
@@ -110,6 +114,7 @@ impl NodeHost {
         let built = fixture::build(&spec, &root, &options).map_err(fixture_error)?;
         write_dmem_cgroups(&spec, &root, CgroupDriver::Systemd).map_err(fixture_error)?;
         install_hook(&root).map_err(fixture_error)?;
+        super::monitor::show_use(&root).map_err(fixture_error)?;
         let library = match (abi, built.amdsmi_fixture) {
             (Some(abi), Some(json)) => fake_library(&host.progress, &name, abi, json).await,
             _ => None,
@@ -156,6 +161,8 @@ pub struct PluginPlaces {
     pub kubeconfig: PathBuf,
     /// kubelet's pod-resources socket, when there is a kubelet that serves it.
     pub pod_resources: Option<PathBuf>,
+    /// Its `--metrics-address`; `None`: no metrics listener.
+    pub monitor: Option<SocketAddr>,
 }
 
 impl SimNode {
@@ -181,7 +188,8 @@ impl SimNode {
         let kubelet = FakeKubelet::start()
             .await
             .map_err(SimError::start("the fake kubelet"))?;
-        let places = Self::places(session, &kubelet);
+        let monitor = Monitor::claim();
+        let places = Self::places(session, &kubelet, monitor.as_ref());
         let plugin = start_plugin(&session.host, &host, &places, mode)?;
         let mut node = Self {
             hami: HamiEmulator { node: name.clone() },
@@ -193,6 +201,7 @@ impl SimNode {
             root: host.root.clone(),
             dir: host.dir.clone(),
             plugin,
+            monitor,
             kubelet,
             host,
         };
@@ -205,11 +214,12 @@ impl SimNode {
         Ok(node)
     }
 
-    fn places(session: &Session, kubelet: &FakeKubelet) -> PluginPlaces {
+    fn places(session: &Session, kubelet: &FakeKubelet, monitor: Option<&Monitor>) -> PluginPlaces {
         PluginPlaces {
             kubelet_dir: kubelet.dir().to_path_buf(),
             kubeconfig: session.kubeconfig.clone(),
             pod_resources: None,
+            monitor: monitor.map(|m| m.address),
         }
     }
 
@@ -224,7 +234,7 @@ impl SimNode {
         let registered = self.kubelet.registrations().len();
         let updates = self.kubelet.list_and_watch_updates();
         let devices = self.kubelet.devices().len();
-        let places = Self::places(session, &self.kubelet);
+        let places = Self::places(session, &self.kubelet, self.monitor.as_ref());
         self.plugin = start_plugin(&session.host, &self.host, &places, self.mode)?;
         let log = self.dir.join("plugin.log");
         self.kubelet
@@ -439,9 +449,13 @@ pub fn start_plugin(
         "best-effort".into(),
         "--cdi".into(),
         host.cdi.to_string().into(),
-        // Two simulated nodes run side by side: no fixed metrics or probe port.
+        // Nodes run side by side: each monitor at a loopback address of its
+        // own, no probe port.
         "--metrics-address".into(),
-        "none".into(),
+        places
+            .monitor
+            .map_or_else(|| "none".to_owned(), |a| a.to_string())
+            .into(),
         "--probe-address".into(),
         "none".into(),
     ];

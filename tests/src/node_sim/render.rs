@@ -82,6 +82,9 @@ fn write_node(node: &NodeReport, out: &mut dyn Write) -> io::Result<()> {
         node.mode.as_str(),
         node.kubelet_devices
     )?;
+    if let Some(url) = &node.monitor {
+        writeln!(out, "monitor (HAMi's vGPU series): {url}")?;
+    }
     writeln!(out, "hami.io/node-amd-register (what HAMi reads):")?;
     let devices = node
         .register

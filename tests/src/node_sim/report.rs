@@ -49,6 +49,9 @@ pub struct NodeReport {
     pub amdsmi: Option<String>,
     /// Devices the plugin offers kubelet.
     pub kubelet_devices: usize,
+    /// Where its plugin serves HAMi's vGPU monitor series
+    /// (`http://127.0.0.N:9394/metrics`); `None`: no monitor.
+    pub monitor: Option<String>,
     /// The Node's taints as kubectl shows them (`key=value:Effect`): none
     /// once it is Ready, as a real scheduler needs.
     pub taints: Vec<String>,

@@ -232,6 +232,7 @@ async fn node_report(session: &RealSession, node: &RealNode, pods: &[PodReport])
         mode: node.mode,
         amdsmi: node.host.amdsmi.clone(),
         kubelet_devices: node.capacity,
+        monitor: None,
         taints: node.taints(session).await,
         occupancy: super::picture::occupancy(&devices, pods, &node.name),
         register,

@@ -83,6 +83,7 @@ impl RealNode {
             kubelet_dir: kubelet.device_plugin_dir(),
             kubeconfig: plugin_kubeconfig(session, &host.dir, &name)?,
             pod_resources: Some(kubelet.pod_resources_socket()),
+            monitor: None,
         };
         let mut plugin = start_plugin(&session.host, &host, &places, mode)?;
         let plugin_log = host.dir.join("plugin.log");
