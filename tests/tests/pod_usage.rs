@@ -76,6 +76,15 @@ fn process(root: &Path, pid: u32, cgroup: &str, gpu_id: u64, bytes: u64) {
     write(&dir.join(format!("vram_{gpu_id}")), &format!("{bytes}\n"));
 }
 
+/// KFD's count of the CUs process `pid`'s waves occupy on `gpu_id`.
+fn occupancy(root: &Path, pid: u32, gpu_id: u64, cus: u32) {
+    let dir = root.join(format!("sys/class/kfd/kfd/proc/{pid}"));
+    write(
+        &dir.join(format!("stats_{gpu_id}/cu_occupancy")),
+        &format!("{cus}\n"),
+    );
+}
+
 #[test]
 fn host_series_carry_amdsmi_figures_where_it_has_them() {
     if !common::can_run_bus_tests() {
@@ -198,6 +207,17 @@ async fn scenario() {
     .await;
     check_series(&scrape, &w.gpus[0].id, &bdf);
     check_hami_contract(&scrape, &w.gpus[0].id);
+
+    // KFD counts the waves: the container's ratio becomes the CUs its
+    // processes occupy out of the GPU's 304 (76: 25), not the GPU's
+    // activity (63); the host service's waves are no pod's.
+    occupancy(root, 4100, gpu_id, 38);
+    occupancy(root, 4101, gpu_id, 38);
+    occupancy(root, 4200, gpu_id, 200);
+    until(&w, |s| {
+        value(s, "hami_container_device_utilization_ratio", &container) == Some(25.0)
+    })
+    .await;
 
     // The pod ends: its processes go, then the pod; so do its series.
     std::fs::remove_dir_all(root.join("sys/class/kfd/kfd/proc/4100")).unwrap();
