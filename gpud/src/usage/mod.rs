@@ -20,7 +20,7 @@ pub(crate) mod sysfs;
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
 use ipc::usage::{ContainerCompute, ContainerVram, PodDmem, Usage};
@@ -86,8 +86,7 @@ type Key = (String, String, u64);
 /// deadline).
 pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading {
     let mut reading = Reading::default();
-    let mut vram: BTreeMap<Key, (u32, u64)> = BTreeMap::new();
-    let mut compute: BTreeMap<Key, (u32, u32)> = BTreeMap::new();
+    let mut sums = Sums::default();
     let mut pods: BTreeMap<String, PathBuf> = BTreeMap::new();
     for pid in kfd_pids(paths, &mut reading.skipped) {
         let cgroup = sysfs::read_small(&paths.proc.join(pid.to_string()).join("cgroup"));
@@ -101,51 +100,11 @@ pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading
         };
         let dir = paths.kfd_proc().join(pid.to_string());
         for &gpu_id in &targets.gpu_ids {
-            let bytes = sysfs::read_u64(&dir.join(format!("vram_{gpu_id}"))).unwrap_or(0);
-            if bytes == 0 {
-                continue;
-            }
-            let key = (pod.uid.clone(), pod.container_id.clone(), gpu_id);
-            if vram.len() >= MAX_ENTRIES && !vram.contains_key(&key) {
-                continue;
-            }
-            if let Some(cus) = cu_occupancy(&dir, gpu_id)
-                && (compute.len() < MAX_ENTRIES || compute.contains_key(&key))
-            {
-                let entry = compute.entry(key.clone()).or_default();
-                entry.0 += 1;
-                entry.1 = entry.1.saturating_add(cus);
-            }
-            let entry = vram.entry(key).or_default();
-            entry.0 += 1;
-            entry.1 = entry.1.saturating_add(bytes);
+            sums.add(&dir, (pod.uid.clone(), pod.container_id.clone(), gpu_id));
         }
         pods.insert(pod.uid, pod.cgroup);
     }
-    reading.usage.containers = vram
-        .into_iter()
-        .map(
-            |((pod_uid, container_id, gpu_id), (processes, vram_bytes))| ContainerVram {
-                pod_uid,
-                container_id,
-                gpu_id,
-                processes,
-                vram_bytes,
-            },
-        )
-        .collect();
-    reading.usage.compute = compute
-        .into_iter()
-        .map(
-            |((pod_uid, container_id, gpu_id), (processes, cus))| ContainerCompute {
-                pod_uid,
-                container_id,
-                gpu_id,
-                processes,
-                cus,
-            },
-        )
-        .collect();
+    (reading.usage.containers, reading.usage.compute) = sums.lists();
     reading.usage.dmem = dmem_current(paths, &pods);
     reading.usage.gpus = targets
         .gpus
@@ -156,11 +115,65 @@ pub fn read(paths: &HostPaths, layouts: &[Layout], targets: &Targets) -> Reading
     reading
 }
 
+/// Per (pod, container, gpu_id): processes and VRAM, processes and CUs.
+#[derive(Default)]
+struct Sums {
+    vram: BTreeMap<Key, (u32, u64)>,
+    compute: BTreeMap<Key, (u32, u32)>,
+}
+
+impl Sums {
+    /// One process's files in its KFD directory `dir` for `key`'s gpu_id:
+    /// its VRAM there, and, only where it holds some, its occupied CUs.
+    fn add(&mut self, dir: &Path, key: Key) {
+        let gpu_id = key.2;
+        let bytes = sysfs::read_u64(&dir.join(format!("vram_{gpu_id}"))).unwrap_or(0);
+        if bytes == 0 || (self.vram.len() >= MAX_ENTRIES && !self.vram.contains_key(&key)) {
+            return;
+        }
+        if let Some(cus) = cu_occupancy(dir, gpu_id)
+            && (self.compute.len() < MAX_ENTRIES || self.compute.contains_key(&key))
+        {
+            let entry = self.compute.entry(key.clone()).or_default();
+            entry.0 += 1;
+            entry.1 = entry.1.saturating_add(cus);
+        }
+        let entry = self.vram.entry(key).or_default();
+        entry.0 += 1;
+        entry.1 = entry.1.saturating_add(bytes);
+    }
+
+    fn lists(self) -> (Vec<ContainerVram>, Vec<ContainerCompute>) {
+        let vram = self.vram.into_iter().map(
+            |((pod_uid, container_id, gpu_id), (processes, vram_bytes))| ContainerVram {
+                pod_uid,
+                container_id,
+                gpu_id,
+                processes,
+                vram_bytes,
+            },
+        );
+        let compute =
+            self.compute
+                .into_iter()
+                .map(
+                    |((pod_uid, container_id, gpu_id), (processes, cus))| ContainerCompute {
+                        pod_uid,
+                        container_id,
+                        gpu_id,
+                        processes,
+                        cus,
+                    },
+                );
+        (vram.collect(), compute.collect())
+    }
+}
+
 /// The CUs a process's waves occupy on `gpu_id`, from its KFD directory
 /// `dir`; `None` where the file is missing or fails to read (the kernel
 /// answers EINVAL on GPUs without the counter) or holds no number. A count
 /// above [`MAX_CUS`] is no GPU's: left out.
-fn cu_occupancy(dir: &std::path::Path, gpu_id: u64) -> Option<u32> {
+fn cu_occupancy(dir: &Path, gpu_id: u64) -> Option<u32> {
     let path = dir.join(format!("stats_{gpu_id}")).join("cu_occupancy");
     let cus = u32::try_from(sysfs::read_u64(&path)?).ok()?;
     (cus <= MAX_CUS).then_some(cus)
