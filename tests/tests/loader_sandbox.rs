@@ -23,7 +23,7 @@
 mod common;
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -34,7 +34,8 @@ use std::{
 use tests::{
     bus::{self, PLUGIN_UID, PrivateBus},
     containerd::Containerd,
-    oci_images, stack,
+    oci_images::{self, BuiltImage},
+    stack,
 };
 
 const LOADER: &str = "io.hami.AmdGpu1.Loader";
@@ -219,7 +220,7 @@ impl Drop for Sampler {
 /// amd-gpud's command: `fake-node gpud`, or (for the figures of
 /// docs/benchmarks.md) the amd-gpud named by `LOADER_SANDBOX_GPUD`, behind
 /// a script that drops the `gpud` word the harness puts first.
-fn gpud_exe(scratch: &std::path::Path) -> PathBuf {
+fn gpud_exe(scratch: &Path) -> PathBuf {
     let Some(gpud) = std::env::var_os("LOADER_SANDBOX_GPUD") else {
         return common::fake_node_exe();
     };
@@ -234,20 +235,34 @@ fn gpud_exe(scratch: &std::path::Path) -> PathBuf {
     script
 }
 
-#[test]
-fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
-    if !common::can_run_bus_tests() {
-        return;
-    }
-    let containerd = Containerd::start().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let glibc = oci_images::glibc_image(cache.path()).unwrap();
-    let greedy = oci_images::greedy_image(cache.path(), GREEDY_LIBC).unwrap();
-    let endless = oci_images::endless_image(cache.path(), 15).unwrap();
-    let crowded = oci_images::crowded_image(cache.path(), CROWDED).unwrap();
-    for image in [&glibc, &greedy, &endless, &crowded] {
+/// The images of the test, imported into `containerd`'s `k8s.io`.
+struct Images {
+    glibc: BuiltImage,
+    greedy: BuiltImage,
+    endless: BuiltImage,
+    crowded: BuiltImage,
+}
+
+fn import(containerd: &Containerd, cache: &Path) -> Images {
+    let images = Images {
+        glibc: oci_images::glibc_image(cache).unwrap(),
+        greedy: oci_images::greedy_image(cache, GREEDY_LIBC).unwrap(),
+        endless: oci_images::endless_image(cache, 15).unwrap(),
+        crowded: oci_images::crowded_image(cache, CROWDED).unwrap(),
+    };
+    for image in [
+        &images.glibc,
+        &images.greedy,
+        &images.endless,
+        &images.crowded,
+    ] {
         containerd.import(&image.archive, "k8s.io").unwrap();
     }
+    images
+}
+
+/// amd-gpud reading `containerd`, with the test's budget and memory.
+fn serve(containerd: &Containerd, scratch: &Path) -> stack::BenchNode {
     let socket = containerd.socket.display().to_string();
     // A release amd-gpud reads the 15 GiB of zeros in about 6 s.
     let budget = if std::env::var_os("LOADER_SANDBOX_GPUD").is_some() {
@@ -263,22 +278,16 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
         "--loader-check-memory",
         "24",
     ];
-    let exe = gpud_exe(cache.path());
-    let node = stack::bench_node(&exe, "mi300x-8-spx", &args).unwrap();
+    let exe = gpud_exe(scratch);
+    stack::bench_node(&exe, "mi300x-8-spx", &args).unwrap()
+}
+
+/// The two images that take memory: each costs the child, not amd-gpud,
+/// whose resident set was `rss_before` KiB.
+fn memory_attacks(node: &stack::BenchNode, images: &Images, rss_before: u64) {
     let gpud = node.gpud.0.id();
-    std::thread::sleep(Duration::from_secs(2));
-    let rss_idle = kib(gpud, "VmRSS");
-
-    let sampler = Sampler::start(gpud);
-    let out = inspect(&node.bus, &glibc.name);
-    assert!(out.success() && out.stdout.contains("\"glibc\""), "{out:?}");
-    let (glibc_child_kib, _) = sampler.peaks();
-    drop(sampler);
-    let rss_before = kib(gpud, "VmRSS");
-    let sampler = Sampler::start(gpud);
-
     // Read whole with a fallible allocation: the child's limit refuses it.
-    let out = inspect(&node.bus, &greedy.name);
+    let out = inspect(&node.bus, &images.greedy.name);
     assert!(!out.success(), "{out:?}");
     assert!(out.stderr.contains("out of memory"), "{out:?}");
     let hwm = kib(gpud, "VmHWM");
@@ -287,7 +296,7 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
         "amd-gpud peaked at {hwm} KiB from {rss_before} KiB: it held the blob"
     );
     // A tree that grows past the limit: the child dies of it, alone.
-    let out = inspect(&node.bus, &crowded.name);
+    let out = inspect(&node.bus, &images.crowded.name);
     assert!(!out.success(), "{out:?}");
     assert!(
         out.stderr.contains("image inspector died of SIGABRT"),
@@ -295,7 +304,12 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
     );
     assert!(out.stderr.contains("memory allocation"), "{out:?}");
     assert!(children(gpud).is_empty(), "a child outlived its answer");
+}
 
+/// The image that takes long: answered at the deadline, by a confined
+/// child that is gone with the answer.
+fn time_attack(node: &stack::BenchNode, endless: &BuiltImage) {
+    let gpud = node.gpud.0.id();
     let asked = Instant::now();
     let waiting = std::thread::scope(|s| {
         let answer = s.spawn(|| inspect(&node.bus, &endless.name));
@@ -311,15 +325,39 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
     // busctl itself gives up after 10 s.
     assert!(took < Duration::from_secs(10), "answered after {took:?}");
     assert!(children(gpud).is_empty(), "a child outlived its answer");
+}
 
-    for image in [&greedy, &crowded, &endless] {
+#[test]
+fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let containerd = Containerd::start().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let images = import(&containerd, cache.path());
+    let node = serve(&containerd, cache.path());
+    let gpud = node.gpud.0.id();
+    std::thread::sleep(Duration::from_secs(2));
+    let rss_idle = kib(gpud, "VmRSS");
+
+    let sampler = Sampler::start(gpud);
+    let out = inspect(&node.bus, &images.glibc.name);
+    assert!(out.success() && out.stdout.contains("\"glibc\""), "{out:?}");
+    let (glibc_child_kib, _) = sampler.peaks();
+    drop(sampler);
+    let rss_before = kib(gpud, "VmRSS");
+    let sampler = Sampler::start(gpud);
+    memory_attacks(&node, &images, rss_before);
+    time_attack(&node, &images.endless);
+
+    for image in [&images.greedy, &images.crowded, &images.endless] {
         let asked = Instant::now();
         let again = inspect_as(&node.bus, 0, &image.name);
         assert!(!again.success(), "{again:?}");
         assert!(again.stderr.contains(&image.name), "{again:?}");
         assert!(asked.elapsed() < Duration::from_secs(2), "not cached");
     }
-    let out = inspect(&node.bus, &glibc.name);
+    let out = inspect(&node.bus, &images.glibc.name);
     assert!(out.success(), "{out:?}");
     let (attack_child_kib, tasks) = sampler.peaks();
     let rss_after = kib(gpud, "VmRSS");
