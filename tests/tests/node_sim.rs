@@ -369,6 +369,21 @@ fn each_node_serves_hamis_monitor_on_9394() {
     let running = Running::start(&args);
     let nodes = running.report["nodes"].as_array().unwrap().clone();
     assert!(!nodes.is_empty());
+    // The slice's KFD process fills its CUs: its ratio is their share of
+    // the MI300X's 304, from cu_occupancy, not the GPU's activity (42).
+    let pod = pod_named(&running.report, "quarter-gpu");
+    let cus = pod["containers"][0]["gpus"][0]["cu_count"]
+        .as_f64()
+        .unwrap();
+    let want = format!(" {}", (cus * 100.0 / 304.0).round());
+    let slice = |text: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("hami_container_device_utilization_ratio{")
+                    && l.contains("pod=\"quarter-gpu\"")
+            })
+            .map(str::to_owned)
+    };
     for node in &nodes {
         let url = node["monitor"].as_str().unwrap_or_else(|| panic!("{node}"));
         let rest = url.strip_prefix("http://127.0.0.").unwrap();
@@ -377,6 +392,7 @@ fn each_node_serves_hamis_monitor_on_9394() {
             MONITOR_SERIES
                 .iter()
                 .all(|(name, _)| t.contains(&format!("{name}{{")))
+                && slice(t).is_some_and(|l| l.ends_with(&want))
         });
         for (name, labels) in MONITOR_SERIES {
             let line = text
@@ -391,11 +407,8 @@ fn each_node_serves_hamis_monitor_on_9394() {
                 );
             }
         }
-        let pod = "pod=\"quarter-gpu\"";
-        let ratio = text
-            .lines()
-            .find(|l| l.starts_with("hami_container_device_utilization_ratio{") && l.contains(pod));
-        assert!(ratio.is_some(), "no utilization for the slice:\n{text}");
+        let ratio = slice(&text).unwrap_or_else(|| panic!("no utilization for the slice:\n{text}"));
+        assert!(ratio.ends_with(&want), "{ratio}, want{want}");
     }
 }
 

@@ -296,6 +296,14 @@ async fn start_containers(
     }
     let made = cgroup.ok().filter(|path| !path.as_os_str().is_empty());
     super::vram::read(made.as_deref(), report);
+    if let Some(cgroup) = &made {
+        let register = super::node::register(session, &node.name).unwrap_or_default();
+        let started = super::monitor::run_processes(&node.root, &register, cgroup, report);
+        if let Err(e) = started {
+            let what = format!("pod {}: no KFD process written: {e}", pod.name);
+            session.host.progress.step(&node.name, &what);
+        }
+    }
 }
 
 /// Kubernetes' QoS class of a pod manifest (cpu and memory only).

@@ -4,15 +4,23 @@
 //! of 127/8 is local): the first of 127.0.0.2 to 127.0.0.254 that no other
 //! node, of this run or a concurrent one, holds. A node holds its address
 //! with a lock file for its lifetime. The fake host also gets each GPU's
-//! activity, temperature and power in sysfs, so that the host series have
+//! activity, temperature and power in sysfs, and a KFD process per started
+//! container that fills the CUs it was granted, so that the series have
 //! values.
 
 use std::{
+    collections::HashMap,
     fs::{self, File},
     io,
     net::{Ipv4Addr, SocketAddr, TcpListener},
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
 };
+
+use serde_json::Value;
+
+use super::report::PodReport;
+use crate::fixture::cgroup::CGROUP_MOUNT;
 
 /// HAMi's monitor port (Project-HAMi/HAMi:cmd/vGPUmonitor/main.go).
 pub const PORT: u16 = 9394;
@@ -92,4 +100,86 @@ pub fn show_use(root: &Path) -> io::Result<()> {
         fs::write(hwmon.join("power1_average"), power)?;
     }
     Ok(())
+}
+
+/// PIDs of the fake KFD processes, unique within this process.
+static NEXT_PID: AtomicU32 = AtomicU32::new(50_000);
+
+/// Starts, on the fake host at `root`, one KFD process per container of
+/// `report` given GPUs, in the pod cgroup `pod_cgroup` (absolute): on each
+/// of its devices (found by the register's `pciBDF` in KFD's topology) it
+/// holds half its VRAM grant (1 MiB without one) and its waves fill the CUs
+/// granted (`cu_occupancy`; none for a grant without a CU count, such as a
+/// whole GPU), so the monitor's per-container series show use. A device KFD
+/// does not list gets no file.
+///
+/// # Errors
+/// When a file cannot be written.
+pub fn run_processes(
+    root: &Path,
+    register: &Value,
+    pod_cgroup: &Path,
+    report: &PodReport,
+) -> io::Result<()> {
+    let gpu_ids = kfd_gpu_ids(root);
+    let bdf_of = |id: &str| {
+        register.as_array().into_iter().flatten().find_map(|d| {
+            (d["id"] == id).then(|| d["custominfo"]["pciBDF"].as_str().map(str::to_lowercase))?
+        })
+    };
+    let cgroup = pod_cgroup
+        .strip_prefix(root.join(CGROUP_MOUNT))
+        .unwrap_or(pod_cgroup);
+    for container in report.containers.iter().filter(|c| !c.gpus.is_empty()) {
+        let pid = NEXT_PID.fetch_add(1, Ordering::Relaxed);
+        let dir = root.join(format!("sys/class/kfd/kfd/proc/{pid}"));
+        fs::create_dir_all(root.join(format!("proc/{pid}")))?;
+        fs::write(
+            root.join(format!("proc/{pid}/cgroup")),
+            format!("0::/{}\n", cgroup.display()),
+        )?;
+        for gpu in &container.gpus {
+            let Some(gpu_id) = bdf_of(&gpu.id).and_then(|b| gpu_ids.get(&b).copied()) else {
+                continue;
+            };
+            let bytes = gpu.vram_limit_mib.map_or(1, |m| (m / 2).max(1)) << 20;
+            fs::create_dir_all(dir.join(format!("stats_{gpu_id}")))?;
+            fs::write(dir.join(format!("vram_{gpu_id}")), format!("{bytes}\n"))?;
+            let cus = gpu.cu_count.unwrap_or(0);
+            let occupancy = dir.join(format!("stats_{gpu_id}/cu_occupancy"));
+            fs::write(occupancy, format!("{cus}\n"))?;
+        }
+    }
+    Ok(())
+}
+
+/// KFD `gpu_id` by PCI address (`dddd:bb:dd.f`), from the fake host's
+/// topology nodes (`domain`, `location_id` in `properties`).
+fn kfd_gpu_ids(root: &Path) -> HashMap<String, u64> {
+    let nodes = root.join("sys/class/kfd/kfd/topology/nodes");
+    let mut ids = HashMap::new();
+    for node in fs::read_dir(nodes)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+    {
+        let read = |name: &str| fs::read_to_string(node.path().join(name)).unwrap_or_default();
+        let Ok(gpu_id) = read("gpu_id").trim().parse::<u64>() else {
+            continue;
+        };
+        let properties = read("properties");
+        let field = |key: &str| {
+            properties.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok())?
+            })
+        };
+        if let (Some(location), Some(domain), true) =
+            (field("location_id"), field("domain"), gpu_id != 0)
+        {
+            let (bus, dev, func) = (location >> 8, (location >> 3) & 0x1f, location & 7);
+            ids.insert(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"), gpu_id);
+        }
+    }
+    ids
 }
