@@ -26,6 +26,11 @@ use crate::loader_check::{Descriptor, ImageSource};
 const STDERR_KEPT: u64 = 4 << 10;
 /// Bytes of it quoted in a failure.
 const STDERR_QUOTED: usize = 400;
+/// The most bytes of one blob amd-gpud reads whole for the child: the
+/// analysis's bound of a manifest, index or config (`Limits::max_json`).
+pub(crate) const MAX_WHOLE_BLOB: u64 = 4 << 20;
+/// Seconds after the deadline amd-gpud still answers the child.
+const SERVE_GRACE_SECS: u64 = 2;
 /// How long a child that gave its verdict has to exit.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
 
@@ -271,6 +276,11 @@ pub(crate) fn serve(
     to_child: &mut dyn Write,
     from_child: &mut dyn io::BufRead,
 ) -> Result<Verdict, Broke> {
+    // Past this, nothing more is served (a child amd-gpud may not kill
+    // gets end of file instead).
+    let until = Instant::now()
+        + Duration::from_millis(job.budget_ms)
+        + Duration::from_secs(SERVE_GRACE_SECS);
     let job = serde_json::to_vec(job).map_err(|e| Broke::Ended(e.to_string()))?;
     // A child that answers without reading its job (it failed) is heard.
     if let Err(err) = wire::write_frame(to_child, JOB, &job) {
@@ -282,10 +292,18 @@ pub(crate) fn serve(
             Some(r) => r,
             None => read(from_child)?,
         };
+        if Instant::now() > until && !matches!(request, Request::Verdict(_)) {
+            return Err(Broke::Violated(
+                "it was still asking after the inspection's deadline".to_owned(),
+            ));
+        }
         match request {
             Request::Verdict(verdict) => return Ok(verdict),
             Request::Blob { desc, max } => {
                 let desc: Descriptor = desc.into();
+                // The child's bound is its word: amd-gpud reads no more
+                // into its own memory than a manifest or config may be.
+                let max = max.min(MAX_WHOLE_BLOB);
                 sent(match source.read_blob(&desc, max) {
                     Ok(bytes) => wire::write_frame(to_child, DATA, &bytes),
                     Err(err) => wire::write_error(to_child, &err),
@@ -302,7 +320,8 @@ pub(crate) fn serve(
                     }
                 };
                 sent(wire::write_frame(to_child, DATA, &[]))?;
-                pending = Some(stream_chunks(&mut stream, &desc, to_child, from_child)?);
+                let next = stream_chunks(&mut stream, &desc, to_child, from_child, until);
+                pending = Some(next?);
             }
         }
     }
@@ -315,12 +334,18 @@ fn stream_chunks(
     desc: &Descriptor,
     to_child: &mut dyn Write,
     from_child: &mut dyn io::BufRead,
+    until: Instant,
 ) -> Result<Request, Broke> {
     let mut buf = vec![0; CHUNK];
     loop {
         let request = read(from_child)?;
         if request != Request::Next {
             return Ok(request);
+        }
+        if Instant::now() > until {
+            return Err(Broke::Violated(
+                "it was still reading after the inspection's deadline".to_owned(),
+            ));
         }
         let written = match read_some(stream, &mut buf) {
             Ok(n) => wire::write_frame(to_child, DATA, buf.get(..n).unwrap_or_default()),

@@ -13,7 +13,7 @@ use serde_json::json;
 use super::{
     child,
     serve::{self, inspect_in_child},
-    wire::{FailKind, Job, Verdict},
+    wire::{self, FailKind, Job, Verdict},
     *,
 };
 use crate::loader_check::{
@@ -192,4 +192,39 @@ fn a_child_that_ends_itself_at_its_wall_clock_limit_is_out_of_time() {
         matches!(err, super::ChildFailure::Deadline { .. }),
         "{err:?}"
     );
+}
+
+#[test]
+fn the_child_cannot_make_amd_gpud_read_a_blob_whole() {
+    use std::io::Read;
+    let mut source = MemSource::default();
+    let target = glibc_image(&mut source);
+    let big = source.put(crate::loader_check::testimage::TAR, vec![0; 5 << 20]);
+    let (mut to_child, mut child_in) = UnixStream::pair().expect("pair");
+    let (mut child_out, from_child) = UnixStream::pair().expect("pair");
+    let ask = wire::Request::Blob {
+        desc: (&big).into(),
+        max: u64::MAX,
+    };
+    wire::write_request(&mut child_out, &ask).unwrap();
+    let job = Job {
+        target: (&target).into(),
+        budget_ms: 60_000,
+    };
+    let parent = std::thread::spawn(move || {
+        serve::serve(
+            &mut source,
+            &job,
+            &mut to_child,
+            &mut BufReader::new(from_child),
+        )
+    });
+    let wire::Frame::Job(_) = wire::read_frame(&mut child_in, 0).unwrap() else {
+        panic!("no job first");
+    };
+    let mut head = [0_u8; 5];
+    child_in.read_exact(&mut head).unwrap();
+    assert_eq!(head[0], wire::ERROR, "5 MiB sent whole: {head:?}");
+    drop(child_out);
+    assert!(parent.join().unwrap().is_err());
 }
