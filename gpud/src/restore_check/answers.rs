@@ -31,8 +31,26 @@ fn outcome_of(run: &Run) -> (Outcome, Option<String>) {
                  goes round for ever"
             )),
         ),
+        Run::GroupsSpin { checkpoint, gpu_id } => (
+            Outcome::CriuWouldNotFinish,
+            Some(spin_reason(*checkpoint, *gpu_id)),
+        ),
         Run::Crash(cause) => (Outcome::CriuWouldCrash, Some(cause.message())),
     }
+}
+
+fn spin_reason(checkpoint: bool, gpu_id: u32) -> String {
+    let heap = if gpu_id == 0 {
+        " (unless the heap word it reads as a group head's gpu_id is 0: then it crashes \
+         printing that group)"
+    } else {
+        ""
+    };
+    format!(
+        "building the {} side's XGMI groups, it looks gpu_id {gpu_id:#06x} up in a group \
+         whose list a node of two groups broke, and goes round that list for ever{heap}",
+        if checkpoint { "checkpoint" } else { "local" }
+    )
 }
 
 /// `--mode criu`: CRIU's outcome; when it is not a restore, why, and the
@@ -142,6 +160,12 @@ const NAMED_PAIRS: usize = 8;
 fn missed_note(pairing: &Pairing<'_>, run: &Run, pairs: &Pairs) -> String {
     let refuses = |stop: &Stop| format!("refuses with \"{}\"", stop.message());
     let (does, why) = match run {
+        Run::Refused(stop @ Stop::Hives { cpus: true, .. }) => (
+            refuses(stop),
+            "CPU nodes with XGMI links are in its XGMI groups, all of them under the one \
+             gpu_id 0, and it maps them as it maps GPUs"
+                .to_owned(),
+        ),
         Run::Refused(stop @ Stop::Hives { stuck: true, .. }) => (
             refuses(stop),
             "its hive matching keeps the pairs of an abandoned try, so the order in which \
@@ -155,6 +179,10 @@ fn missed_note(pairing: &Pairing<'_>, run: &Run, pairs: &Pairs) -> String {
         Run::NoFinish { .. } => (
             "never finishes its search".to_owned(),
             NOT_EXHAUSTIVE.to_owned(),
+        ),
+        Run::GroupsSpin { checkpoint, gpu_id } => (
+            "never finishes".to_owned(),
+            spin_reason(*checkpoint, *gpu_id),
         ),
         Run::Crash(cause) => ("crashes".to_owned(), cause.message()),
         Run::Restorable(_) => ("restores".to_owned(), String::new()),
@@ -177,7 +205,9 @@ fn missed_note(pairing: &Pairing<'_>, run: &Run, pairs: &Pairs) -> String {
 /// The refusal when only CRIU's search is at fault.
 fn order_refusal(pairing: &Pairing<'_>, run: &Run) -> Diagnosis {
     let hive = match run {
-        Run::Refused(Stop::Hives { hive, .. }) => pairing.src.hives.get(*hive),
+        Run::Refused(Stop::Hives {
+            hive, cpus: false, ..
+        }) => pairing.src.hives.get(*hive),
         _ => None,
     };
     let sizes = |side: &model::Side<'_>| {

@@ -169,14 +169,14 @@ pub fn check(
         Mode::Criu => {
             let run = match before {
                 Some(run) => run,
-                None => criu::run(&pairing)?,
+                None => criu::run(&pairing, &mut notes)?,
             };
             answers::criu(&pairing, run, &mut notes)?
         }
         Mode::Explain => {
             let run = match before {
                 Some(run) => Ok(run),
-                None => criu::run(&pairing),
+                None => criu::run(&pairing, &mut notes),
             };
             answers::explain(&pairing, run, &mut notes)?
         }

@@ -225,10 +225,11 @@ impl<'a> Side<'a> {
     }
 }
 
-/// XGMI hives: for every bidirectional XGMI link between two GPUs, in
-/// walking order, the hive of the source GPU is found or started and the
-/// peer joins it. A peer already in another hive stays there (a hive is
-/// assumed fully connected; CRIU does not handle other shapes either).
+/// XGMI hives as the exhaustive search sees them: for every bidirectional
+/// XGMI link between two GPUs, in walking order, the hive of the source GPU
+/// is found or started and the peer joins it; a peer already in another
+/// hive stays there. CRIU's own groups, CPU nodes and broken lists
+/// included, are `criu::groups`'.
 fn hives(gpus: &[usize], links: &[Vec<SideLink>]) -> (Vec<Vec<usize>>, Vec<Option<usize>>) {
     let slot_of: HashMap<usize, usize> = gpus.iter().enumerate().map(|(s, &n)| (n, s)).collect();
     let mut hives: Vec<Vec<usize>> = Vec::new();

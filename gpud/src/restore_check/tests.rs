@@ -1,6 +1,7 @@
 //! Tests of the restore check on topologies built in code; the images are
 //! covered in `tests/images.rs`, and end to end runs in the `tests` crate.
 
+mod criu_groups;
 mod criu_props;
 mod criu_search;
 mod images;

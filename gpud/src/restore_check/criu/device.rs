@@ -4,21 +4,37 @@
 
 use super::super::{options::Check, pairing::Pairing, props};
 
-/// `map_device` reads `node_to` of a checkpoint link whose target is not in
-/// the image: that pointer was never set (a NULL dereference).
+/// Where `map_device` stops the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NullLink {
-    /// The checkpoint GPU (slot).
-    pub(crate) src: usize,
+pub(crate) enum DeviceCrash {
+    /// It reads `node_to` of a checkpoint link whose target is not in the
+    /// image: that pointer was never set (a NULL dereference). The
+    /// checkpoint member.
+    NullLink { src: usize },
+    /// It walks `restore_maps.cpu_maps`, whose head a list name overwrote.
+    CpuMaps,
 }
 
-/// The pairs made so far: GPUs by slot, CPUs by node index. CRIU splices a
-/// new sub-map in front and cuts it off again on backtracking; a stack with
-/// the newest last is the same list read backwards.
+/// The GPUs and CPUs CRIU's search lists hold, by member: GPU slots first
+/// (member `s` < GPU count is slot `s`), then the CPU nodes XGMI groups
+/// hold. Entries are node indices.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Members {
+    pub(crate) src: Vec<usize>,
+    pub(crate) dst: Vec<usize>,
+}
+
+/// The pairs made so far: GPUs by member, CPUs by node index. CRIU splices
+/// a new sub-map in front and cuts it off again on backtracking; a stack
+/// with the newest last is the same list read backwards.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Maps {
     pub(crate) gpus: Vec<(usize, usize)>,
     pub(crate) cpus: Vec<(usize, usize)>,
+    /// Members from these on are CPUs: their `gpu_id` is 0, one value for
+    /// all of them.
+    pub(crate) src_cpus_from: usize,
+    pub(crate) dst_cpus_from: usize,
 }
 
 /// What one successful `map_device` adds (`new_maps`).
@@ -51,7 +67,14 @@ impl Maps {
         let clash = |old: &[(usize, usize)], (s, d): (usize, usize)| {
             old.iter().any(|&(a, b)| a == s || b == d)
         };
-        if new.cpus.iter().any(|&p| clash(&self.cpus, p)) || clash(&self.gpus, new.gpu) {
+        // GPU pairs compare gpu_ids: two CPU members are the same 0.
+        let (sc, dc) = (self.src_cpus_from, self.dst_cpus_from);
+        let same = |a: usize, b: usize, from: usize| a == b || (a >= from && b >= from);
+        let gpu_clash = self
+            .gpus
+            .iter()
+            .any(|&(a, b)| same(a, new.gpu.0, sc) || same(b, new.gpu.1, dc));
+        if new.cpus.iter().any(|&p| clash(&self.cpus, p)) || gpu_clash {
             return false;
         }
         self.cpus.extend_from_slice(&new.cpus);
@@ -66,22 +89,28 @@ impl Maps {
     }
 }
 
-/// `map_device(src, dst)` under `maps`: `Ok(None)` when the pair does not
-/// fit, the new pairs when it does. The checks, in CRIU's order: the
-/// properties, the valid link counts, then each checkpoint link in order;
-/// a link to a GPU is skipped, a link to a CPU must be served (with the
-/// NUMA check, by the CPU it is mapped to, or by a local CPU not mapped
-/// yet, the first in link order), and a link to a node the image lacks is
-/// the NULL dereference.
+/// `map_device(src, dst)` under `maps` (members `s` and `d`): `Ok(None)`
+/// when the pair does not fit, the new pairs when it does. The checks, in
+/// CRIU's order: the properties, the valid link counts, then each
+/// checkpoint link in order; a link to a GPU is skipped, a link to a CPU
+/// must be served (with the NUMA check, by the CPU it is mapped to, or by a
+/// local CPU not mapped yet, the first in link order), and a link to a node
+/// the image lacks is the NULL dereference. `cpu_maps_lost`: a list name
+/// overwrote the head of the CPU pairs, which the NUMA check walks.
 pub(crate) fn map_device(
     pairing: &Pairing<'_>,
+    members: &Members,
     maps: &Maps,
-    s: usize,
-    d: usize,
-) -> Result<Option<NewMaps>, NullLink> {
+    (s, d): (usize, usize),
+    cpu_maps_lost: bool,
+) -> Result<Option<NewMaps>, DeviceCrash> {
     let (src, dst) = (&pairing.src, &pairing.dst);
-    if !props::matches(&src.node(s).props, &dst.node(d).props, pairing.options)
-        || src.valid_link_count(s) > dst.valid_link_count(d)
+    let (sn, dn) = (members.src[s], members.dst[d]);
+    if !props::matches(
+        &src.topo.nodes[sn].props,
+        &dst.topo.nodes[dn].props,
+        pairing.options,
+    ) || src.valid_links[sn] > dst.valid_links[dn]
     {
         return Ok(None);
     }
@@ -90,13 +119,16 @@ pub(crate) fn map_device(
         gpu: (s, d),
         cpus: Vec::new(),
     };
-    let local = dst.all_links(d);
-    for sl in src.all_links(s) {
+    let local = &dst.links[dn];
+    for sl in &src.links[sn] {
         let Some(src_cpu) = sl.target else {
-            return Err(NullLink { src: s });
+            return Err(DeviceCrash::NullLink { src: s });
         };
         if sl.to_gpu {
             continue;
+        }
+        if numa && cpu_maps_lost {
+            return Err(DeviceCrash::CpuMaps);
         }
         let matched = if !numa {
             local.iter().any(|dl| Pairing::iolink_match(sl, dl))
@@ -127,29 +159,17 @@ fn new_cpu(new: &NewMaps, src: usize) -> Option<usize> {
     new.cpus.iter().find(|(s, _)| *s == src).map(|(_, d)| *d)
 }
 
-/// Characters `"0x%04X "` prints for `gpu_id`.
-pub(crate) fn printed_id_len(gpu_id: u32) -> usize {
-    let digits = (32 - gpu_id.leading_zeros()).div_ceil(4).max(4);
-    usize::try_from(digits).unwrap_or(8) + 3
-}
-
-/// The length (with its terminating NUL) of what `p2pgroup_to_str` writes
-/// for a hive of `gpu_ids`: `"type:XGMI:"` and each member.
-pub(crate) fn hive_name_len(gpu_ids: impl Iterator<Item = u32>) -> usize {
-    "type:XGMI:".len() + gpu_ids.map(printed_id_len).sum::<usize>() + 1
-}
-
-/// The size of the static buffers `p2pgroup_to_str` and
-/// `mapping_list_to_str` write into.
-pub(crate) const PRINT_BUFFER: usize = 200;
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn maps_push_refuses_a_pair_sharing_an_end_and_pop_undoes_it() {
-        let mut maps = Maps::default();
+        let mut maps = Maps {
+            src_cpus_from: 3,
+            dst_cpus_from: 3,
+            ..Maps::default()
+        };
         let a = NewMaps {
             gpu: (0, 1),
             cpus: vec![(10, 20)],
@@ -161,16 +181,18 @@ mod tests {
         };
         assert!(!maps.push(&same_dst));
         assert!(maps.has_src(0) && maps.has_dst(1));
+        // Two CPU members of XGMI groups are both gpu_id 0.
+        let cpu = NewMaps {
+            gpu: (3, 4),
+            cpus: Vec::new(),
+        };
+        assert!(maps.push(&cpu));
+        assert!(!maps.push(&NewMaps {
+            gpu: (4, 2),
+            cpus: Vec::new()
+        }));
+        maps.pop(&cpu);
         maps.pop(&a);
-        assert_eq!(maps, Maps::default());
-    }
-
-    #[test]
-    fn printed_names_overflow_from_28_hive_members() {
-        // "type:XGMI:" (10) + 7 per 16-bit id + NUL: 27 fit in 200 bytes.
-        assert_eq!(hive_name_len((0..27).map(|i| 0x1000 + i)), 200);
-        assert_eq!(hive_name_len((0..28).map(|i| 0x1000 + i)), 207);
-        assert_eq!(printed_id_len(0x12), 7, "%04X pads to four digits");
-        assert_eq!(printed_id_len(0x1_2345), 8);
+        assert!(maps.gpus.is_empty() && maps.cpus.is_empty());
     }
 }

@@ -2,9 +2,10 @@
 //! kept in [`State`], so that a state can be compared with an earlier one.
 
 use super::{
-    CRIU_STEP_LIMIT, CrashCause, Run, Stop,
-    device::{self, Maps, NewMaps, NullLink},
+    CRIU_STEP_LIMIT, CrashCause, Lost, Run, Stop,
+    device::{self, DeviceCrash, Maps, Members, NewMaps},
     list::{Crash, Cursor, Links, POISON},
+    printbuf,
 };
 use crate::restore_check::pairing::Pairing;
 
@@ -45,11 +46,19 @@ struct State {
     src_groups: Links,
     dst_groups: Links,
     maps: Maps,
+    /// How far past `p2pgroup_to_str`'s buffer start names have written
+    /// (see [`printbuf`]).
+    written: usize,
 }
 
 pub(super) struct Replay<'p, 'a> {
     pairing: &'p Pairing<'a>,
+    members: &'p Members,
+    /// Each side's XGMI groups as lists of members.
+    groups: [&'p [Vec<usize>]; 2],
     st: State,
+    /// The longest list name printed: (members, bytes).
+    pub(super) longest_list: (usize, usize),
     /// Brent's saved state, and the steps since it was saved.
     saved: Option<State>,
     power: u64,
@@ -59,16 +68,29 @@ pub(super) struct Replay<'p, 'a> {
 }
 
 impl<'p, 'a> Replay<'p, 'a> {
-    pub(super) fn new(pairing: &'p Pairing<'a>) -> Self {
+    pub(super) fn new(
+        pairing: &'p Pairing<'a>,
+        members: &'p Members,
+        groups: [&'p [Vec<usize>]; 2],
+        written: usize,
+    ) -> Self {
         Self {
             pairing,
+            members,
+            groups,
+            longest_list: (0, 0),
             st: State {
                 stack: Vec::new(),
-                src_nodes: Links::new(pairing.src_len()),
-                dst_nodes: Links::new(pairing.dst_len()),
-                src_groups: Links::new(pairing.src.hives.len()),
-                dst_groups: Links::new(pairing.dst.hives.len()),
-                maps: Maps::default(),
+                src_nodes: Links::new(members.src.len()),
+                dst_nodes: Links::new(members.dst.len()),
+                src_groups: Links::new(groups[0].len()),
+                dst_groups: Links::new(groups[1].len()),
+                maps: Maps {
+                    src_cpus_from: pairing.src_len(),
+                    dst_cpus_from: pairing.dst_len(),
+                    ..Maps::default()
+                },
+                written,
             },
             saved: None,
             power: 1,
@@ -101,7 +123,7 @@ impl<'p, 'a> Replay<'p, 'a> {
     }
 
     pub(super) fn phases(&mut self) -> Result<Run, End> {
-        let (src_hives, dst_hives) = (&self.pairing.src.hives, &self.pairing.dst.hives);
+        let [src_hives, dst_hives] = self.groups;
         if !src_hives.is_empty() {
             // Groups are listed in the order they were found (sys_add_group
             // appends).
@@ -112,12 +134,18 @@ impl<'p, 'a> Replay<'p, 'a> {
                 self.st.dst_groups.add_tail(g)?;
             }
             if !self.match_groups()? {
+                let (n, m) = (self.pairing.src_len(), self.pairing.dst_len());
+                let cpus = src_hives.iter().flatten().any(|&s| s >= n)
+                    || dst_hives.iter().flatten().any(|&d| d >= m);
                 return Ok(Run::Refused(Stop::Hives {
                     hive: self.failed_hive.unwrap_or(0),
                     stuck: !self.st.maps.gpus.is_empty(),
+                    cpus,
                 }));
             }
         }
+        // topology.c:1426: the walk of src_sys->nodes.
+        self.lost(printbuf::SRC_NODES_LOST, Lost::SrcNodes)?;
         // topology.c:1428, :1433: the GPUs left, each list built by
         // prepending in walking order.
         self.st.src_nodes.init();
@@ -139,13 +167,17 @@ impl<'p, 'a> Replay<'p, 'a> {
         if let Some(slot) = (0..self.pairing.src_len()).find(|&s| !maps.has_src(s)) {
             return Ok(Run::Refused(Stop::Unmapped { slot }));
         }
-        let mut pairs = maps.gpus.clone();
+        let n = self.pairing.src_len();
+        let mut pairs: Vec<(usize, usize)> =
+            maps.gpus.iter().copied().filter(|&(s, _)| s < n).collect();
         pairs.sort_unstable();
         Ok(Run::Restorable(pairs))
     }
 
     /// `match_xgmi_groups`.
     fn match_groups(&mut self) -> Result<bool, End> {
+        // topology.c:1281: list_empty(&src_sys->xgmi_groups).
+        self.lost(printbuf::SRC_GROUPS_LOST, Lost::SrcGroups)?;
         if self.st.src_groups.is_empty() {
             return Ok(true);
         }
@@ -185,11 +217,11 @@ impl<'p, 'a> Replay<'p, 'a> {
     /// The member lists of one hive try, front to back.
     fn fill(&mut self, g: usize, j: usize) -> Result<(), End> {
         self.st.src_nodes.init();
-        for &s in &self.pairing.src.hives[g] {
+        for &s in &self.groups[0][g] {
             self.st.src_nodes.add_tail(s)?;
         }
         self.st.dst_nodes.init();
-        for &d in &self.pairing.dst.hives[j] {
+        for &d in &self.groups[1][j] {
             self.st.dst_nodes.add_tail(d)?;
         }
         Ok(())
@@ -230,10 +262,23 @@ impl<'p, 'a> Replay<'p, 'a> {
                 return Err(End::Crash(CrashCause::Poisoned));
             }
             self.tick()?;
-            let fits = device::map_device(self.pairing, &self.st.maps, s, d)
-                .map_err(|NullLink { src }| self.missing_node(src))?;
+            let cpu_maps_lost = self.st.written >= printbuf::CPU_MAPS_LOST;
+            let fits = device::map_device(
+                self.pairing,
+                self.members,
+                &self.st.maps,
+                (s, d),
+                cpu_maps_lost,
+            )
+            .map_err(|e| self.device_crash(e))?;
             if let Some(new) = fits {
                 self.st.dst_nodes.del(d)?;
+                // maps_push walks maps->cpu_maps only for new CPU pairs,
+                // maps->gpu_maps always.
+                if !new.cpus.is_empty() {
+                    self.lost(printbuf::CPU_MAPS_LOST, Lost::CpuMaps)?;
+                }
+                self.lost(printbuf::GPU_MAPS_LOST, Lost::GpuMaps)?;
                 if !self.st.maps.push(&new) {
                     return Ok(Exit::PushRefused);
                 }
@@ -284,31 +329,48 @@ impl<'p, 'a> Replay<'p, 'a> {
         }
     }
 
-    fn missing_node(&self, slot: usize) -> End {
-        End::Crash(CrashCause::MissingNode {
-            checkpoint_node: self.pairing.src.node(slot).id,
-        })
+    fn device_crash(&self, crash: DeviceCrash) -> End {
+        match crash {
+            DeviceCrash::NullLink { src } => End::Crash(CrashCause::MissingNode {
+                checkpoint_node: self.pairing.src.topo.nodes[self.members.src[src]].id,
+            }),
+            DeviceCrash::CpuMaps => self.lost_crash(Lost::CpuMaps),
+        }
     }
 
-    /// The debug lines `map_devices` prints name both lists into a 200-byte
-    /// static buffer.
-    fn list_names(&self) -> Result<(), End> {
-        for (links, side) in [
-            (&self.st.src_nodes, &self.pairing.src),
-            (&self.st.dst_nodes, &self.pairing.dst),
+    /// CRIU walks a list whose head text covers once names wrote to `at`.
+    fn lost(&self, at: usize, what: Lost) -> Result<(), End> {
+        if self.st.written >= at {
+            return Err(self.lost_crash(what));
+        }
+        Ok(())
+    }
+
+    fn lost_crash(&self, what: Lost) -> End {
+        let (gpus, bytes) = self.longest_list;
+        End::Crash(CrashCause::ListName { gpus, bytes, what })
+    }
+
+    /// The debug lines `map_devices` prints name both lists into
+    /// `mapping_list_to_str`'s buffer, and on past it ([`printbuf`]).
+    fn list_names(&mut self) -> Result<(), End> {
+        for (links, side, members) in [
+            (&self.st.src_nodes, &self.pairing.src, &self.members.src),
+            (&self.st.dst_nodes, &self.pairing.dst, &self.members.dst),
         ] {
             let (mut gpus, mut bytes, mut e) = (0, 1, links.first());
             while e != links.head() {
-                let Some(slot) = side.gpus.get(e).map(|_| e) else {
+                let Some(&node) = members.get(e) else {
                     return Err(End::Crash(CrashCause::Poisoned));
                 };
                 gpus += 1;
-                bytes += device::printed_id_len(side.node(slot).gpu_id);
-                if bytes > device::PRINT_BUFFER {
-                    return Err(End::Crash(CrashCause::ListName { gpus, bytes }));
-                }
+                bytes += printbuf::printed_id_len(side.topo.nodes[node].gpu_id);
                 e = links.next(e)?;
             }
+            if bytes > self.longest_list.1 {
+                self.longest_list = (gpus, bytes);
+            }
+            self.st.written = self.st.written.max(printbuf::LIST_BUFFER + bytes);
         }
         Ok(())
     }
