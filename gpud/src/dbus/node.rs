@@ -213,6 +213,7 @@ impl NodeObject {
     /// per container, read only where the process holds VRAM on that
     /// gpu_id; nothing where the kernel has no such file. The same read as
     /// GetUsage (cached alike, one read serves both). Errors: as GetUsage.
+    #[zbus(out_args("compute"))]
     async fn get_compute_usage(
         &self,
         #[zbus(header)] header: Header<'_>,
