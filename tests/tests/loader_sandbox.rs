@@ -9,7 +9,7 @@
 //!   blob, and it answers the next call; so does one whose file tree
 //!   outgrows the child (300,000 entries): the child dies of it (SIGABRT);
 //! - an image that takes long (15 GiB of zeros in one layer) is answered
-//!   at the deadline, by a child that runs as `amd-gpud-inspect` (60701)
+//!   at the deadline, by a child that runs as `amd-gpud-inspect` (60702)
 //!   with no groups, no new privileges and its limits;
 //! - every failure is cached and names the image (to root; the plugin's
 //!   copy has it redacted): asking again is answered at once.
@@ -108,11 +108,11 @@ fn check_child_confinement(gpud: u32) {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         status_field(child, "Uid").unwrap(),
-        "60701\t60701\t60701\t60701"
+        "60702\t60702\t60702\t60702"
     );
     assert_eq!(
         status_field(child, "Gid").unwrap(),
-        "60701\t60701\t60701\t60701"
+        "60702\t60702\t60702\t60702"
     );
     assert_eq!(status_field(child, "Groups").unwrap(), "");
     assert_eq!(status_field(child, "NoNewPrivs").unwrap(), "1");

@@ -30,7 +30,7 @@ pub const INSPECT_SUBCOMMAND: &str = "loader-inspect";
 
 /// The UID and GID the child runs as: `amd-gpud-inspect` of
 /// `systemd/amd-gpud.sysusers.conf`, owning nothing on the host.
-pub const INSPECT_UID: u32 = 60701;
+pub const INSPECT_UID: u32 = 60702;
 
 /// How amd-gpud runs its inspector children.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -187,7 +187,7 @@ mod tests {
                 memory_hook: root.join("hook.so"),
                 budget: Duration::from_secs(600),
                 inspector_memory: 1 << 30,
-                inspector_uid: 60701,
+                inspector_uid: 60702,
             },
         })
     }
