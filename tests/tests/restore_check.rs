@@ -256,9 +256,17 @@ fn capture_image(format: Format, dir: &Path) -> Option<std::path::PathBuf> {
 /// The builder's MI300X CPX node shaped like the capture (63 partitions: the kernel ran
 /// out of render minors for the 64th), with GPU 3 (0000:35:00.0) one firmware lower.
 fn cpx_node_with_older_firmware_on_gpu_3() -> tempfile::TempDir {
+    cpx_node(true)
+}
+
+/// The builder's MI300X CPX node shaped like the capture, GPU 3 one firmware
+/// lower when `older_gpu_3`.
+fn cpx_node(older_gpu_3: bool) -> tempfile::TempDir {
     let mut spec = fixture::named("mi300x-8-cpx").unwrap();
     spec.max_gpu_nodes = Some(63);
-    spec.gpus[3].model.fw_version -= 1;
+    if older_gpu_3 {
+        spec.gpus[3].model.fw_version -= 1;
+    }
     let root = fixture::scratch_dir().unwrap();
     fixture::build(
         &spec,
@@ -306,8 +314,9 @@ fn a_capture_checkpoint_onto_a_node_with_one_older_firmware_names_it() {
             "{stdout}"
         );
         // With the check off a mapping exists. CRIU 3.17.1 never gets to it:
-        // printing the hive of 63 names overflows its 200-byte buffer
-        // (10 + 7 per member + 1 = 452 bytes), check or no check.
+        // the names of its search lists of 63 (442 bytes) run past their
+        // 200-byte buffer over restore_maps, which it walks next, check or
+        // no check.
         let args = ["--mode", "explain", "--env", "KFD_FW_VER_CHECK=0"];
         let (code, v) = json(&image, node.path(), &args);
         assert_eq!(code, 0, "{v:#}");
@@ -320,4 +329,48 @@ fn a_capture_checkpoint_onto_a_node_with_one_older_firmware_names_it() {
             assert_eq!(v["criu_version"], "3.17.1");
         }
     }
+}
+
+/// The whole-node checkpoint of the MI300X CPX capture (one hive of 63
+/// partitions) onto a node like it (the capture itself has no gpu_id files
+/// to read), as CRIU answers it: the hive's name (452
+/// bytes) runs past p2pgroup_to_str's buffer onto nothing CRIU reads, but
+/// each search list of 63 (442 bytes from byte 224 of the topology file's
+/// .bss) covers restore_maps, whose CPU list the NUMA check walks at the
+/// first pair and whose GPU list maps_push walks
+/// (checkpoint-restore/criu:plugins/amdgpu/amdgpu_plugin_topology.c:1097,
+/// :353; gpud's criu::printbuf has the layout).
+#[test]
+fn the_capture_checkpointed_whole_is_answered_as_criu_answers_it() {
+    let images = tempfile::tempdir().unwrap();
+    let Some(image) = capture_image(Format::Newest, images.path()) else {
+        return;
+    };
+    let host = cpx_node(false);
+    for (env, head) in [
+        ("KFD_NUMA_CHECK=1", "restore_maps.cpu_maps"),
+        ("KFD_NUMA_CHECK=0", "restore_maps.gpu_maps"),
+    ] {
+        let (code, v) = json(&image, host.path(), &["--mode", "criu", "--env", env]);
+        assert_eq!(code, 1, "{v:#}");
+        assert_eq!(v["outcome"], "criu-would-crash", "{}", v["reason"]);
+        let reason = v["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("442 bytes") && reason.contains(head),
+            "{reason}"
+        );
+        let notes = v["notes"].as_array().unwrap();
+        assert!(
+            notes.iter().any(|n| {
+                let n = n.as_str().unwrap();
+                n.contains("takes 452 bytes") && n.contains("changes nothing")
+            }),
+            "{v:#}"
+        );
+    }
+    // The exhaustive search finds a mapping.
+    let (code, v) = json(&image, host.path(), &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(v["mapping"].as_array().unwrap().len(), 63);
+    assert_eq!(v["criu_outcome"], "criu-would-crash");
 }
