@@ -123,12 +123,17 @@ fn card_minor(snapshot: &Snapshot, gpu: &Device) -> u32 {
 }
 
 /// `custominfo.rocrVisibleDevice`: what a container's `ROCR_VISIBLE_DEVICES`
-/// selects the device by. Its ROCr UUID (`GPU-<16 hex>`) when it has one;
-/// `index` for a device without (an APU, whose `unique_id` is 0, or a
-/// compute partition): then every GPU of that container is selected by its
-/// container-local index, its rank among the container's GPUs in KFD
-/// order, since ROCr stops at the first token it cannot parse.
+/// selects a whole GPU by. Its ROCr UUID (`GPU-<16 hex>`) when it has one;
+/// `index` for a GPU without (an APU, whose `unique_id` is 0): then every GPU
+/// of that container is selected by its container-local index, its rank
+/// among the container's GPUs in KFD order, since ROCr stops at the first
+/// token it cannot parse. Left out for a compute partition, which is always
+/// selected by index (its GPU's partitions share one ROCr UUID): 28 bytes an
+/// entry that keep 64 CPX partitions under the 24 KiB budget.
 fn add_rocr_selection(info: &mut DeviceInfo, gpu: &Device) {
+    if gpu.is_partition() {
+        return;
+    }
     let uuid = gpu.rocr_uuid.as_str();
     let shown = if crate::cu::env::is_rocr_uuid(uuid) {
         uuid
