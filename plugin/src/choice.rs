@@ -1,4 +1,8 @@
-//! A flag or annotation value outside the fixed set it must come from.
+//! A flag or annotation value outside the fixed set it must come from, and
+//! the compute partition modes such values name (a leaf module: the flags
+//! and the annotation followers both read it).
+
+use ipc::ComputeMode;
 
 /// `value` is not one of what `what` accepts; shown as
 /// "`what` is `expected`, not `value`".
@@ -21,4 +25,28 @@ impl InvalidChoice {
             value: value.to_owned(),
         }
     }
+}
+
+/// What a compute partition value may be, in words.
+pub(crate) const COMPUTE_MODES: &str =
+    "a compute partition mode: SPX, DPX, TPX, QPX or CPX, in any case";
+
+/// `text` as a compute partition mode this build knows, or why not (`what`
+/// names the source).
+///
+/// # Errors
+/// When `text` names no mode.
+pub(crate) fn compute_mode(what: &'static str, text: &str) -> Result<ComputeMode, InvalidChoice> {
+    match ComputeMode::from_wire(text.trim()) {
+        ComputeMode::Other(_) => Err(InvalidChoice::new(what, COMPUTE_MODES, text)),
+        mode => Ok(mode),
+    }
+}
+
+/// `--compute-partition`'s value parser.
+///
+/// # Errors
+/// When the flag names no mode.
+pub(crate) fn compute_partition_flag(text: &str) -> Result<ComputeMode, InvalidChoice> {
+    compute_mode("--compute-partition (COMPUTE_PARTITION)", text)
 }

@@ -110,7 +110,7 @@ pub(crate) struct Cli {
     /// case) every idle GPU that offers it is switched to at start, through
     /// amd-gpud; unset: none. The node annotation
     /// `hami.io/amd-compute-partition` wins over this.
-    #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE", value_parser = crate::mode::compute::flag)]
+    #[arg(long, env = "COMPUTE_PARTITION", value_name = "MODE", value_parser = crate::choice::compute_partition_flag)]
     pub(crate) compute_partition: Option<ipc::ComputeMode>,
     /// GPUs the node keeps for itself, as the Go plugin's `excludeGPUs`:
     /// PCI addresses (`0000:83:00.0`, `83:00.0`) or DRM cards (`card1`),

@@ -22,7 +22,7 @@ use kube::ResourceExt;
 use tracing::{info, warn};
 
 use crate::{
-    choice::InvalidChoice,
+    choice::{COMPUTE_MODES, InvalidChoice, compute_mode},
     gpud::Bus,
     inventory::Snapshot,
     mode::switch::{self, Sources},
@@ -37,21 +37,6 @@ pub(crate) const INVALID: &str = "ComputePartitionInvalid";
 /// How often the annotation is looked at.
 const CHECK: Duration = Duration::from_secs(2);
 
-const EXPECTED: &str = "a compute partition mode: SPX, DPX, TPX, QPX or CPX, in any case";
-
-/// `text` as a mode this build knows, or why not (`what` names the source).
-fn parse(what: &'static str, text: &str) -> Result<ComputeMode, InvalidChoice> {
-    match ComputeMode::from_wire(text.trim()) {
-        ComputeMode::Other(_) => Err(InvalidChoice::new(what, EXPECTED, text)),
-        mode => Ok(mode),
-    }
-}
-
-/// `--compute-partition`'s value parser.
-pub(crate) fn flag(text: &str) -> Result<ComputeMode, InvalidChoice> {
-    parse("--compute-partition (COMPUTE_PARTITION)", text)
-}
-
 /// The mode wanted: the annotation's when set, else the flag's.
 ///
 /// # Errors
@@ -62,7 +47,7 @@ pub(crate) fn wanted(
 ) -> Result<Option<ComputeMode>, InvalidChoice> {
     match annotation {
         None => Ok(flag.cloned()),
-        Some(text) => parse(PARTITION_ANNOTATION, text).map(Some),
+        Some(text) => compute_mode(PARTITION_ANNOTATION, text).map(Some),
     }
 }
 
@@ -127,7 +112,7 @@ pub(crate) async fn follow(
 /// Says that the annotation names no mode: a warning and a Warning Event.
 fn invalid(sources: &Sources, bad: &InvalidChoice) {
     let note = format!(
-        "{PARTITION_ANNOTATION} on the node is {:?}, not {EXPECTED}; the GPUs keep their \
+        "{PARTITION_ANNOTATION} on the node is {:?}, not {COMPUTE_MODES}; the GPUs keep their \
          compute partition modes",
         bad.value
     );
@@ -138,6 +123,7 @@ fn invalid(sources: &Sources, bad: &InvalidChoice) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::choice::compute_partition_flag;
 
     #[test]
     fn mode_names_in_any_case() {
@@ -150,8 +136,8 @@ mod tests {
                 "{text}"
             );
         }
-        assert_eq!(flag("Cpx"), Ok(ComputeMode::Cpx));
-        assert_eq!(flag("spx"), Ok(ComputeMode::Spx));
+        assert_eq!(compute_partition_flag("Cpx"), Ok(ComputeMode::Cpx));
+        assert_eq!(compute_partition_flag("spx"), Ok(ComputeMode::Spx));
     }
 
     #[test]
@@ -170,7 +156,7 @@ mod tests {
             text.contains("\"cpx4\"") && text.contains(PARTITION_ANNOTATION),
             "{text}"
         );
-        let err = flag("nps1").unwrap_err().to_string();
+        let err = compute_partition_flag("nps1").unwrap_err().to_string();
         assert!(
             err.contains("\"nps1\"") && err.contains("COMPUTE_PARTITION"),
             "{err}"
