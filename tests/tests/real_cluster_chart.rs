@@ -315,29 +315,37 @@ fn under_restricted_pod_security_only_the_documented_host_paths_are_refused() {
         );
 
         // Without those volumes (and their mounts) the same pod is admitted.
-        let mut allowed = template.clone();
-        let keep = |v: &Value| !host_paths.contains(&v["name"].as_str().unwrap_or_default());
-        let volumes: Vec<Value> = template["spec"]["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|v| keep(v))
-            .cloned()
-            .collect();
-        allowed["spec"]["volumes"] = json!(volumes);
-        // The hook installer mounts the hook's volume and runs as root.
-        allowed["spec"]
-            .as_object_mut()
-            .unwrap()
-            .remove("initContainers");
-        for container in allowed["spec"]["containers"].as_array_mut().unwrap() {
-            let mounts: Vec<Value> = container["volumeMounts"]
-                .as_array()
-                .map(|m| m.iter().filter(|m| keep(m)).cloned().collect())
-                .unwrap_or_default();
-            container["volumeMounts"] = json!(mounts);
-        }
+        let allowed = without_exceptions(template, &host_paths);
         let (code, answer) = create_daemon_pod(&cluster, ns, &allowed);
         assert_eq!(code, 201, "the pod without its hostPath volumes: {answer}");
     });
+}
+
+/// The daemon pod's template without the `host_paths` volumes, their mounts
+/// and the init containers (the hook installer mounts the hook's volume and
+/// runs as root).
+fn without_exceptions(template: &Value, host_paths: &[&str]) -> Value {
+    let mut allowed = template.clone();
+    let keep = |v: &Value| !host_paths.contains(&v["name"].as_str().unwrap_or_default());
+    let volumes: Vec<Value> = template["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| keep(v))
+        .cloned()
+        .collect();
+    allowed["spec"]["volumes"] = json!(volumes);
+    // The hook installer mounts the hook's volume and runs as root.
+    allowed["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("initContainers");
+    for container in allowed["spec"]["containers"].as_array_mut().unwrap() {
+        let mounts: Vec<Value> = container["volumeMounts"]
+            .as_array()
+            .map(|m| m.iter().filter(|m| keep(m)).cloned().collect())
+            .unwrap_or_default();
+        container["volumeMounts"] = json!(mounts);
+    }
+    allowed
 }
