@@ -273,7 +273,7 @@ mod tests {
         assert_eq!(
             value[2]["custominfo"],
             serde_json::json!({"pciBDF": "0000:05:00.2", "gpuBDF": "0000:05:00.0",
-                               "partitionProfile": "cpx_nps1", "rocrVisibleDevice": "index"})
+                               "partitionProfile": "cpx_nps1"})
         );
         // Whole GPUs are their own key: no gpuBDF.
         let whole = annotation(&raw, 0).unwrap();
