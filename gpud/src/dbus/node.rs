@@ -191,15 +191,7 @@ impl NodeObject {
             caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
         );
         async {
-            let uid = uid?;
-            auth::check(uid, &self.allowed_uids, "GetUsage")
-                .inspect_err(|e| tracing::warn!("{e}"))?;
-            let targets = reader::targets(&self.snapshot().registry);
-            let reading = self
-                .usage
-                .get(targets)
-                .await
-                .map_err(|e| auth::for_caller(uid, ApiError::Failed(e.to_string())))?;
+            let reading = self.usage_for(uid?, "GetUsage").await?;
             let u = &reading.usage;
             Ok((u.containers.clone(), u.dmem.clone(), u.gpus.clone()))
         }
@@ -226,15 +218,7 @@ impl NodeObject {
             caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
         );
         async {
-            let uid = uid?;
-            auth::check(uid, &self.allowed_uids, "GetComputeUsage")
-                .inspect_err(|e| tracing::warn!("{e}"))?;
-            let targets = reader::targets(&self.snapshot().registry);
-            let reading = self
-                .usage
-                .get(targets)
-                .await
-                .map_err(|e| auth::for_caller(uid, ApiError::Failed(e.to_string())))?;
+            let reading = self.usage_for(uid?, "GetComputeUsage").await?;
             Ok(reading.usage.compute.clone())
         }
         .instrument(span)
@@ -399,6 +383,21 @@ impl NodeObject {
 }
 
 impl NodeObject {
+    /// The usage reading for `method` of caller `uid`: the caller checked,
+    /// then the cached read (GetUsage and GetComputeUsage share it).
+    async fn usage_for(
+        &self,
+        uid: u32,
+        method: &'static str,
+    ) -> Result<Arc<crate::usage::Reading>, ApiError> {
+        auth::check(uid, &self.allowed_uids, method).inspect_err(|e| tracing::warn!("{e}"))?;
+        let targets = reader::targets(&self.snapshot().registry);
+        self.usage
+            .get(targets)
+            .await
+            .map_err(|e| auth::for_caller(uid, ApiError::Failed(e.to_string())))
+    }
+
     /// Emits `PropertiesChanged` for the `Dmem*` properties.
     async fn announce_dmem(&self, emitter: &SignalEmitter<'_>) {
         let sent = async {
