@@ -270,6 +270,10 @@ impl HamiMetrics {
         }
     }
 
+    /// The `hami_host_gpu_*` series of the GPUs the plugin offers: a GPU
+    /// amd-gpud measures that the snapshot leaves out (`--exclude-gpus`) is
+    /// the node's own, not HAMi's, and gets none (kept when the snapshot is
+    /// empty: no inventory yet says nothing of what is excluded).
     fn observe_gpus(&self, inputs: &Inputs<'_>, usage: &Usage) {
         let by_bdf: HashMap<&str, &Device> = inputs
             .snapshot
@@ -277,7 +281,16 @@ impl HamiMetrics {
             .iter()
             .map(|g| (g.bdf.as_str(), g))
             .collect();
+        let offered: HashSet<&str> = inputs
+            .snapshot
+            .devices()
+            .iter()
+            .flat_map(|g| [g.bdf.as_str(), g.physical_bdf()])
+            .collect();
         for (index, used) in usage.gpus.iter().enumerate() {
+            if !offered.is_empty() && !offered.contains(used.bdf.as_str()) {
+                continue;
+            }
             let gpu = by_bdf.get(used.bdf.as_str());
             let labels = HostLabels {
                 node: inputs.node.to_owned(),

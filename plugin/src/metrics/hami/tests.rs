@@ -302,3 +302,26 @@ fn occupied_cus_give_each_holder_of_a_shared_gpu_its_percent() {
     assert_eq!(super::occupied_percent(400, 304), 100);
     assert_eq!(super::occupied_percent(1, 0), 0);
 }
+
+/// A GPU amd-gpud measures but the plugin does not offer (`--exclude-gpus`
+/// took it out of the snapshot) has no `hami_host_gpu_*` series; the offered
+/// one keeps its own.
+#[test]
+fn an_excluded_gpu_has_no_host_series() {
+    let m = Metrics::new();
+    let mut usage = measured();
+    let mut kept_by_the_node = usage.gpus[0].clone();
+    kept_by_the_node.bdf = "0000:83:00.0".to_owned();
+    usage.gpus.push(kept_by_the_node);
+    let text = scrape(&m, &[pod()], Some(&usage));
+    let host: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("hami_host_gpu_memory_used_bytes{"))
+        .collect();
+    assert_eq!(host.len(), 1, "{host:?}");
+    assert!(
+        host[0].contains(&format!("device_uuid=\"{GPU}\"")),
+        "{host:?}"
+    );
+    assert!(!text.contains("0000:83:00.0"), "{text}");
+}
