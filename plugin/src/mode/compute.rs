@@ -72,6 +72,15 @@ pub(crate) async fn follow(
         }
         return;
     };
+    // With the API server down at start neither the node nor its pods are
+    // known: the flag's switch waits, and says why and when it resumes, as
+    // the switch itself does once the node is known.
+    if let (Some(target), None) = (&flag, caches.node()) {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = switch::trusted(&sources, target.as_str()) => {}
+        }
+    }
     let mut seen: Option<Option<String>> = None;
     let mut applied: Option<ComputeMode> = None;
     loop {

@@ -196,7 +196,7 @@ pub(crate) async fn switch_idle_gpus(
 
 /// Waits until [`allocations`] can be had, saying why it waits (each new
 /// reason logged, the first one in the Events).
-async fn trusted(sources: &Sources, target: &str) -> Allocations {
+pub(crate) async fn trusted(sources: &Sources, target: &str) -> Allocations {
     let mut deferred: Option<(tokio::time::Instant, String)> = None;
     let mut last = String::new();
     loop {
