@@ -13,6 +13,8 @@ mod common;
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use tests::cluster::kubelet::{KUBELET_NODE, KubeletVersion, RealKubelet, container_env};
 
 use common::{
@@ -23,8 +25,10 @@ use common::{
 };
 
 /// What the runtime was asked to give `job`'s container: 76 CUs and 4 GiB
-/// of `gpu`, the memory hook, `/dev/kfd`.
-fn check_created(kubelet: &RealKubelet, gpu: &str) {
+/// of `gpu` (its register entry: ROCr selects it by the ROCr UUID the entry
+/// shows, not by its id, AMD SMI's UUID), the memory hook, `/dev/kfd`.
+fn check_created(kubelet: &RealKubelet, gpu: &Value) {
+    let gpu = gpu["custominfo"]["rocrVisibleDevice"].as_str().unwrap();
     let created = kubelet.requests("CreateContainer");
     let job = *created_for(&created, "job")
         .first()
@@ -83,7 +87,7 @@ async fn admits_a_pod(version: KubeletVersion) {
     let devices = registered(&nodes, KUBELET_NODE).await;
     hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
     wait_running(&pods, "job", &kubelet).await;
-    check_created(&kubelet, devices[0]["id"].as_str().unwrap());
+    check_created(&kubelet, &devices[0]);
     let pod = pods.get("job").await.unwrap();
     assert_eq!(
         pod.metadata.annotations.unwrap()["hami.io/bind-phase"],
@@ -221,6 +225,6 @@ fn the_plugin_as_its_own_uid_registers_with_the_real_kubelet() {
         let devices = registered(&nodes, KUBELET_NODE).await;
         hami_binds(&cluster, "job", KUBELET_NODE, &devices[0], (76, 4096));
         wait_running(&pods, "job", &kubelet).await;
-        check_created(&kubelet, devices[0]["id"].as_str().unwrap());
+        check_created(&kubelet, &devices[0]);
     });
 }

@@ -403,7 +403,10 @@ fn held_by(created: &[Value], name: &str, gpu: &Value) -> Held {
     let count: u32 = cus.iter().map(|(a, b)| b - a + 1).sum();
     assert_eq!(count, GRANT.0, "{name}: HSA_CU_MASK {mask}");
     let device = env_of(requests[0], "ROCR_VISIBLE_DEVICES").unwrap_or_default();
-    assert_eq!(device, gpu["id"].as_str().unwrap(), "{name}: on its GPU");
+    // ROCr selects the GPU by the ROCr UUID its register entry shows (its
+    // id is AMD SMI's UUID).
+    let rocr = gpu["custominfo"]["rocrVisibleDevice"].as_str().unwrap();
+    assert_eq!(device, rocr, "{name}: on its GPU");
     let limit = env_of(requests[0], "HIP_DEVICE_MEMORY_LIMIT_0");
     assert_eq!(limit.as_deref(), Some("4096m"), "{name}");
     Held {
