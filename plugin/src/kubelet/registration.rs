@@ -1,7 +1,7 @@
 //! Registering with kubelet, with back-off: kubelet.sock may exist a moment
 //! before it serves, or not at all while kubelet restarts.
 
-use std::{path::Path, time::Duration};
+use std::{future::Future, path::Path, time::Duration};
 
 use proto::v1beta1::{RegisterRequest, registration_client::RegistrationClient};
 use tracing::{info, warn};
@@ -12,6 +12,12 @@ use super::service::options;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
+/// How long one attempt may take, connecting and kubelet's answer: a
+/// connection the old kubelet accepted as it went down is never answered,
+/// and without a bound the plugin would wait on it for ever, never
+/// registering with the new one.
+const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+
 /// Why one attempt failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RegisterError {
@@ -21,6 +27,8 @@ pub(crate) enum RegisterError {
         #[source]
         source: tonic::transport::Error,
     },
+    #[error("kubelet at {path} did not answer the registration within {after:?}")]
+    Late { path: String, after: Duration },
     #[error("kubelet refused the registration: {0}")]
     Refused(#[from] tonic::Status),
 }
@@ -30,6 +38,32 @@ pub(crate) enum RegisterError {
 /// # Errors
 /// When kubelet cannot be reached or refuses.
 pub(crate) async fn register_once(
+    kubelet_socket: &Path,
+    endpoint: &str,
+    resource_name: &str,
+    pre_start: bool,
+) -> Result<(), RegisterError> {
+    let attempt = register_unbounded(kubelet_socket, endpoint, resource_name, pre_start);
+    within(ATTEMPT_LIMIT, kubelet_socket, attempt).await
+}
+
+/// `attempt`, or [`RegisterError::Late`] once `limit` has passed.
+async fn within(
+    limit: Duration,
+    kubelet_socket: &Path,
+    attempt: impl Future<Output = Result<(), RegisterError>>,
+) -> Result<(), RegisterError> {
+    tokio::time::timeout(limit, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RegisterError::Late {
+                path: kubelet_socket.display().to_string(),
+                after: limit,
+            })
+        })
+}
+
+async fn register_unbounded(
     kubelet_socket: &Path,
     endpoint: &str,
     resource_name: &str,
@@ -85,5 +119,36 @@ pub(crate) async fn register(
                 attempt = attempt.saturating_add(1);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kubelet.sock that accepts connections and never answers (the old
+    /// kubelet going down): the attempt ends as Late, naming the socket.
+    #[tokio::test]
+    async fn a_kubelet_that_never_answers_makes_the_attempt_late() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                open.push(conn);
+            }
+        });
+        let attempt = register_unbounded(&socket, "amd.sock", "amd.com/gpu", false);
+        let ended = tokio::time::timeout(
+            Duration::from_secs(30),
+            within(Duration::from_millis(300), &socket, attempt),
+        )
+        .await
+        .expect("the bound ends the attempt");
+        let err = ended.unwrap_err();
+        assert!(matches!(err, RegisterError::Late { .. }), "{err}");
+        assert!(err.to_string().contains("kubelet.sock"), "{err}");
+        held.abort();
     }
 }
