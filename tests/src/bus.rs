@@ -351,6 +351,30 @@ pub fn busctl(bus: &PrivateBus, uid: u32, args: &[&str]) -> io::Result<RunOutput
     run_as(uid, uid, BUSCTL, &all, CALL_TIMEOUT)
 }
 
+/// amd-gpud's root object (`ipc::ROOT_PATH`; the tests' library does not
+/// link `ipc`).
+pub const ROOT_PATH: &str = "/io/hami/AmdGpu1";
+
+/// The loader check's interface on amd-gpud's root object.
+pub const LOADER_INTERFACE: &str = "io.hami.AmdGpu1.Loader";
+
+/// amd-gpud's `Loader.InspectImage(image)`, called with [`busctl`] as `uid`.
+///
+/// # Errors
+/// As [`busctl`].
+pub fn inspect_image(bus: &PrivateBus, uid: u32, image: &str) -> io::Result<RunOutput> {
+    let args = [
+        "call",
+        BUS_NAME,
+        ROOT_PATH,
+        LOADER_INTERFACE,
+        "InspectImage",
+        "s",
+        image,
+    ];
+    busctl(bus, uid, &args)
+}
+
 fn context(err: io::Error, what: &str) -> io::Error {
     io::Error::new(err.kind(), format!("{what}: {err}"))
 }

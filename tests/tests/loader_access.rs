@@ -16,7 +16,7 @@ use tests::{
     stack,
 };
 
-const LOADER: &str = "io.hami.AmdGpu1.Loader";
+const LOADER: &str = bus::LOADER_INTERFACE;
 const POD: &str = "0b4c6c1e-5d0e-4d3c-9a43-4b0c2f4e0a01";
 const KEY: &str = "00112233aabbccdd";
 
@@ -36,16 +36,7 @@ fn stage(bus: &PrivateBus, uid: u32, pod: &str, key: &str) -> bus::RunOutput {
 }
 
 fn inspect(bus: &PrivateBus, uid: u32, image: &str) -> bus::RunOutput {
-    let args = [
-        "call",
-        bus::BUS_NAME,
-        ipc::ROOT_PATH,
-        LOADER,
-        "InspectImage",
-        "s",
-        image,
-    ];
-    bus::busctl(bus, uid, &args).unwrap()
+    bus::inspect_image(bus, uid, image).unwrap()
 }
 
 #[test]

@@ -38,7 +38,6 @@ use tests::{
     stack,
 };
 
-const LOADER: &str = "io.hami.AmdGpu1.Loader";
 const GREEDY_LIBC: usize = 31 << 20;
 /// Entries of the crowded image: more than 24 MiB of tree to hold.
 const CROWDED: usize = 300_000;
@@ -50,16 +49,7 @@ fn inspect(bus: &PrivateBus, image: &str) -> bus::RunOutput {
 /// As [`inspect`], as `uid` (root's errors keep the image's name; the
 /// plugin's have names that look like paths redacted).
 fn inspect_as(bus: &PrivateBus, uid: u32, image: &str) -> bus::RunOutput {
-    let args = [
-        "call",
-        bus::BUS_NAME,
-        ipc::ROOT_PATH,
-        LOADER,
-        "InspectImage",
-        "s",
-        image,
-    ];
-    bus::busctl(bus, uid, &args).unwrap()
+    bus::inspect_image(bus, uid, image).unwrap()
 }
 
 /// A field of `/proc/<pid>/status` (`VmRSS`, `Uid`, ...), trimmed.
