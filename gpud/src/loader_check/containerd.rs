@@ -299,21 +299,44 @@ fn too_large(desc: &Descriptor, size: u64, max: u64) -> Result<(), SourceError> 
 
 /// A status other than `NOT_FOUND`: containerd gone since the connection
 /// ([`SourceError::NoRuntime`]) or a failed call ([`SourceError::Rpc`]).
+///
+/// A connection that breaks under a call surfaces as `Unavailable` with the
+/// socket error inside, or, when the transport notices first, as a bare
+/// `Cancelled` or `Unavailable`; for those the socket is tried once more so
+/// that "containerd is gone" is told apart from a call that failed.
 fn status_error(socket: &Path, call: &'static str, status: &Status) -> SourceError {
     let why = format!("{:?}: {}", status.code(), bounded(status.message()));
-    if status.code() == Code::Unavailable
-        && let Some(io) = io_cause(status)
-        && matches!(
-            io.kind(),
-            io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-        )
-    {
-        return SourceError::NoRuntime {
-            socket: socket.to_owned(),
-            why: io.to_string(),
-        };
+    if matches!(status.code(), Code::Unavailable | Code::Cancelled) {
+        let gone = io_cause(status)
+            .filter(|io| runtime_absent(io))
+            .map(io::Error::to_string)
+            .or_else(|| socket_refuses(socket));
+        if let Some(gone) = gone {
+            return SourceError::NoRuntime {
+                socket: socket.to_owned(),
+                why: gone,
+            };
+        }
     }
     SourceError::Rpc { call, why }
+}
+
+/// Whether `io` says nothing listens at the socket any more.
+fn runtime_absent(io: &io::Error) -> bool {
+    matches!(
+        io.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// Why a new connection to `socket` fails, when it fails the way a stopped
+/// containerd makes it fail (missing socket, refused); `None` when it
+/// connects or fails otherwise. A Unix socket connect answers at once.
+fn socket_refuses(socket: &Path) -> Option<String> {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Err(err) if runtime_absent(&err) => Some(err.to_string()),
+        _ => None,
+    }
 }
 
 /// The `io::Error` at the bottom of `err`'s source chain, if any.

@@ -81,6 +81,46 @@ fn a_missing_socket_is_no_runtime_naming_the_errno() {
     assert!(why.contains("No such file or directory"), "{why}");
 }
 
+#[test]
+fn a_broken_call_is_no_runtime_only_when_the_socket_refuses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("containerd.sock");
+    // A socket file left behind by a dead containerd: connection refused.
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+    for code in [Code::Cancelled, Code::Unavailable] {
+        let status = Status::new(code, "operation was canceled");
+        let SourceError::NoRuntime { socket: got, why } =
+            status_error(&socket, "Images.Get", &status)
+        else {
+            panic!("{code:?} on a refusing socket is not NoRuntime");
+        };
+        assert_eq!(got, socket);
+        assert!(why.contains("Connection refused"), "{why}");
+    }
+    // The same statuses while something still listens: a failed call.
+    let _listening =
+        std::os::unix::net::UnixListener::bind(dir.path().join("live.sock")).expect("bind");
+    let live = dir.path().join("live.sock");
+    for code in [Code::Cancelled, Code::Unavailable, Code::Internal] {
+        let status = Status::new(code, "operation was canceled");
+        let err = status_error(&live, "Images.Get", &status);
+        assert!(
+            matches!(
+                err,
+                SourceError::Rpc {
+                    call: "Images.Get",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    // A refused socket does not turn other failures into NoRuntime.
+    let internal = Status::new(Code::Internal, "boom");
+    let err = status_error(&socket, "Images.Get", &internal);
+    assert!(matches!(err, SourceError::Rpc { .. }), "{err:?}");
+}
+
 mod fake;
 
 use std::io::{ErrorKind, Read as _};
