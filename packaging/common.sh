@@ -5,6 +5,18 @@
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Everything built goes here (inside the clone's target dir, so `cargo clean` removes it).
 OUT=${PACKAGING_OUT:-$ROOT/target/packaging}
+# Cargo's target dir (CI keeps it outside the clone) and the profile the binaries are built
+# with: `release` (fat LTO, what is published) unless PACKAGING_PROFILE names another
+# (.ci/packaging uses `ci-package`, the same code without the LTO; Cargo.toml says why).
+CARGO_TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+PACKAGING_PROFILE=${PACKAGING_PROFILE:-release}
+# The directory cargo puts a profile's binaries in (`dev` builds land in `debug`).
+profile_dir() {
+    case "$PACKAGING_PROFILE" in
+        dev) echo debug ;;
+        *) echo "$PACKAGING_PROFILE" ;;
+    esac
+}
 
 # The project's own names. The chart's image.repository and nodeInstaller.image.repository
 # default to these (helm/amd-gpu/values.yaml); the Go plugin's image

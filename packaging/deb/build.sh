@@ -3,7 +3,8 @@
 #   target/packaging/amd-gpud_<version>_amd64.deb
 # The files go where systemd/README.md says; the maintainer scripts next to this file create
 # the user before the bus re-reads its policy, and enable/start the unit where systemd runs.
-# GPUD_BIN=path uses an amd-gpud built elsewhere; otherwise `cargo build --release -p gpud`.
+# GPUD_BIN=path uses an amd-gpud built elsewhere; otherwise `cargo build --release -p gpud`
+# (--profile $PACKAGING_PROFILE when that is set, see common.sh).
 set -euo pipefail
 # shellcheck source=packaging/common.sh
 . "$(dirname "$0")/../common.sh"
@@ -13,8 +14,8 @@ need dpkg-deb:dpkg objdump:binutils
 
 bin=${GPUD_BIN:-}
 if [ -z "$bin" ]; then
-    (cd "$ROOT" && cargo build --release -p gpud --locked)
-    bin=$ROOT/target/release/amd-gpud
+    (cd "$ROOT" && cargo build --profile "$PACKAGING_PROFILE" -p gpud --locked)
+    bin=$CARGO_TARGET/$(profile_dir)/amd-gpud
 fi
 [ -x "$bin" ] || die "GPUD_BIN '$bin' is not an executable file"
 

@@ -16,7 +16,8 @@
 #   packaging/image/build.sh [PACKAGE.deb]
 #   packaging/image/build.sh --build-plugin      only build the static binary, print its path
 # PLUGIN_BIN=path uses a static amd-device-plugin built elsewhere; otherwise it is built with
-# `cargo build --release -p plugin --target x86_64-unknown-linux-gnu` and crt-static (glibc's
+# `cargo build --release -p plugin --target x86_64-unknown-linux-gnu` (the profile is
+# $PACKAGING_PROFILE, see common.sh) and crt-static (glibc's
 # libc.a; the musl target cannot be downloaded here), in a target dir of its own,
 # <target>/static: RUSTFLAGS differ from the gpud build's anyway, and cargo locks a target dir,
 # so the two release builds (each ending in a long single-threaded fat-LTO link) can run at
@@ -28,13 +29,14 @@ set -euo pipefail
 version=$(workspace_version)
 
 build_plugin() {
-    local target_dir=${CARGO_TARGET_DIR:-$ROOT/target}/static
+    local target_dir=$CARGO_TARGET/static
     # No debug info: the image's copy is stripped of it anyway (below), and the fat-LTO link
     # is faster without it.
     (cd "$ROOT" && CARGO_TARGET_DIR=$target_dir RUSTFLAGS='-C target-feature=+crt-static' \
-        CARGO_PROFILE_RELEASE_DEBUG=false \
-        cargo build --release -p plugin --target x86_64-unknown-linux-gnu --locked) >&2
-    echo "$target_dir/x86_64-unknown-linux-gnu/release/amd-device-plugin"
+        CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_CI_PACKAGE_DEBUG=false \
+        cargo build --profile "$PACKAGING_PROFILE" -p plugin --target x86_64-unknown-linux-gnu \
+        --locked) >&2
+    echo "$target_dir/x86_64-unknown-linux-gnu/$(profile_dir)/amd-device-plugin"
 }
 if [ "${1:-}" = --build-plugin ]; then
     build_plugin
