@@ -207,6 +207,22 @@ pub trait Loader {
     /// `InvalidArgument`, `Failed`, `AccessDenied`.
     fn inspect_image(&self, image: &str) -> Result<(String, String, String, String), ApiError>;
 
+    /// As `InspectImage`, for a container its pod starts as `command`,
+    /// `args`, `working_dir` and the `PATH` of its env say (each empty: the
+    /// image's; `path_unknown`: the pod sets `PATH` from a source the plugin
+    /// cannot read), kubelet's `$(VAR)` references expanded: the program
+    /// that will run is judged (issue 38, F8). `InvalidArgument` also when
+    /// they exceed the check's bounds (1,024 entries, 32 KiB).
+    fn inspect_container(
+        &self,
+        image: &str,
+        command: &[&str],
+        args: &[&str],
+        working_dir: &str,
+        path: &str,
+        path_unknown: bool,
+    ) -> Result<(String, String, String, String), ApiError>;
+
     /// Creates `<state>/loader-hook/<pod_uid>/<key>/` (the directory
     /// Allocate mounted for a container's memory hook) with a copy of the
     /// hook in it (`hook`) or empty; returns the directory.

@@ -375,6 +375,38 @@ pub fn inspect_image(bus: &PrivateBus, uid: u32, image: &str) -> io::Result<RunO
     busctl(bus, uid, &args)
 }
 
+/// amd-gpud's `Loader.InspectContainer(image, command, args, working_dir,
+/// path)`, called with [`busctl`] as `uid`.
+///
+/// # Errors
+/// As [`busctl`].
+pub fn inspect_container(
+    bus: &PrivateBus,
+    uid: u32,
+    image: &str,
+    command: &[&str],
+    args: &[&str],
+) -> io::Result<RunOutput> {
+    let (n_command, n_args) = (command.len().to_string(), args.len().to_string());
+    // `--`: arguments that start with `-` are the method's, not busctl's.
+    let mut call = vec![
+        "--",
+        "call",
+        BUS_NAME,
+        ROOT_PATH,
+        LOADER_INTERFACE,
+        "InspectContainer",
+        "sasasssb",
+        image,
+        &n_command,
+    ];
+    call.extend(command);
+    call.push(&n_args);
+    call.extend(args);
+    call.extend(["", "", "false"]);
+    busctl(bus, uid, &call)
+}
+
 fn context(err: io::Error, what: &str) -> io::Error {
     io::Error::new(err.kind(), format!("{what}: {err}"))
 }

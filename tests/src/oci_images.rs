@@ -371,6 +371,20 @@ pub fn glibc_image(cache: &Path) -> Result<BuiltImage, ImageError> {
     write_archive(cache, "glibc", name, &layer, &["/usr/bin/true"])
 }
 
+/// `docker.io/library/hami-test-glibc-static:1`: the glibc image with the
+/// host's static busybox beside it (`/bin/busybox`): a glibc entrypoint,
+/// and a static binary a pod's `command` can run instead.
+///
+/// # Errors
+/// As [`glibc_image`].
+pub fn glibc_with_static_image(cache: &Path) -> Result<BuiltImage, ImageError> {
+    let mut layer = Layer::default();
+    glibc_files(&mut layer, true)?;
+    layer.copy_host("/bin/busybox")?;
+    let name = "docker.io/library/hami-test-glibc-static:1";
+    write_archive(cache, "glibc-static", name, &layer, &["/usr/bin/true"])
+}
+
 /// `docker.io/library/hami-test-oldglibc:1`: glibc's loader and
 /// `/usr/bin/true` from the host, and a `libc.so.6` built here that defines
 /// the version nodes `GLIBC_2.2.5` to `GLIBC_2.33` (and `GLIBC_PRIVATE`)

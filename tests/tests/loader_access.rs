@@ -76,6 +76,16 @@ fn root_and_the_plugin_may_stage_hooks_and_no_one_else() {
         );
         let out = inspect(&bus, OTHER_UID, "x");
         assert!(!out.success(), "{out:?}");
+        let out = bus::inspect_container(&bus, OTHER_UID, "x", &["/static"], &[]).unwrap();
+        assert!(!out.success(), "{out:?}");
+        let why = match policy {
+            Policy::Shipped => "access denied",
+            _ => "uid 60701 may not call inspectcontainer",
+        };
+        assert!(
+            out.stderr.to_lowercase().contains(why),
+            "{policy:?}: {out:?}"
+        );
     }
 }
 
@@ -110,4 +120,33 @@ fn the_plugin_cannot_stage_outside_the_staging_directory() {
     let out = inspect(&bus, PLUGIN_UID, "alpine");
     assert!(!out.success(), "{out:?}");
     assert!(out.stderr.contains("containerd"), "{out:?}");
+    let out = bus::inspect_container(&bus, PLUGIN_UID, "alpine", &["/static"], &["-x"]).unwrap();
+    assert!(out.stderr.contains("containerd"), "{out:?}");
+}
+
+/// A pod spec larger than the loader check reads is refused before anything
+/// is asked of containerd, naming the bound (issue 38, F8's bounds).
+#[test]
+fn an_oversized_container_spec_is_refused_naming_its_bound() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    let root = common::build_fixture("mi300x-8-spx");
+    let bus = PrivateBus::start(Policy::Shipped).unwrap();
+    let _gpud = stack::gpud(&common::fake_node_exe(), &bus, root.path(), 0).unwrap();
+    let many = vec!["x"; 1025];
+    let out = bus::inspect_container(&bus, PLUGIN_UID, "alpine", &["/bin/sh"], &many).unwrap();
+    assert!(!out.success(), "{out:?}");
+    assert!(
+        out.stderr
+            .contains("1026 entries, above the loader check's bound of 1024"),
+        "{out:?}"
+    );
+    let long = "y".repeat(33 << 10);
+    let out = bus::inspect_container(&bus, PLUGIN_UID, "alpine", &[&long], &[]).unwrap();
+    assert!(
+        out.stderr
+            .contains("above the loader check's bound of 32768"),
+        "{out:?}"
+    );
 }

@@ -115,6 +115,25 @@ async fn allocate_slice(
     (ids, answer)
 }
 
+/// As [`allocate_slice`], for a container written out (`image`, `command`,
+/// `args`, ...).
+async fn allocate_container(
+    w: &World,
+    name: &str,
+    container: serde_json::Value,
+    gpu: &Gpu,
+    bind_time: u64,
+) -> (Vec<String>, ContainerAllocateResponse) {
+    let hami = HamiEmulator {
+        node: NODE.to_owned(),
+    };
+    hami.bind_container(&w.api, name, &[grant(gpu, 2048, 38)], bind_time, container);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids = vec![format!("{}#0", gpu.id)];
+    let answer = w.kubelet.allocate(ids.clone()).await.unwrap();
+    (ids, answer)
+}
+
 fn uid_of(w: &World, pod: &str) -> String {
     let pod = w.api.get(Kind::Pod, "default", pod).unwrap();
     pod["metadata"]["uid"].as_str().unwrap().to_owned()
@@ -270,4 +289,44 @@ async fn with_dmem() {
     let (ids, _) = allocate_slice(&w, "absent", ABSENT_IMAGE, &w.gpus[4], 710).await;
     let err = w.kubelet.pre_start(ids).await.unwrap_err();
     assert!(err.message().contains("not in"), "{err:?}");
+}
+
+/// Issue 38, F8, the attack: a glibc image (its entrypoint `/usr/bin/true`)
+/// whose pod runs the image's static busybox through `command`. Judged by
+/// the image's entrypoint, it got the hook, which a static binary never
+/// loads, and ran without a VRAM limit. Now the pod's program is judged:
+/// refused without dmem; `args` alone leave the entrypoint (glibc) in place.
+#[test]
+fn a_pods_command_is_judged_not_the_images_entrypoint() {
+    if !common::can_run_bus_tests() {
+        return;
+    }
+    common::run_async(Duration::from_secs(300), pods_command());
+}
+
+async fn pods_command() {
+    let containerd = Containerd::start().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let image = oci_images::glibc_with_static_image(cache.path()).unwrap();
+    let names = containerd.import(&image.archive, "k8s.io").unwrap();
+    assert!(names.contains(&image.name), "{names:?}");
+    let w = checked_world(&containerd, "off").await;
+
+    let evading =
+        serde_json::json!({"image": image.name, "command": ["/bin/busybox", "sleep", "1d"]});
+    let (ids, answer) = allocate_container(&w, "evading", evading, &w.gpus[0], 700).await;
+    let dir = staged_dir(&w, "evading", &answer);
+    let err = w.kubelet.pre_start(ids).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("static"), "{err:?}");
+    assert!(err.message().contains("the pod's command"), "{err:?}");
+    assert!(!dir.join("libamvgpu.so").exists(), "no hook staged");
+    let note = wait_event(&w, "evading", "MemoryHookRefused").await;
+    assert!(note.contains("/bin/busybox"), "{note}");
+
+    let args_only = serde_json::json!({"image": image.name, "args": ["/bin/busybox"]});
+    let (ids, answer) = allocate_container(&w, "args-only", args_only, &w.gpus[1], 701).await;
+    let dir = staged_dir(&w, "args-only", &answer);
+    w.kubelet.pre_start(ids).await.unwrap();
+    assert_eq!(std::fs::read(dir.join("libamvgpu.so")).unwrap(), HOOK_BYTES);
 }

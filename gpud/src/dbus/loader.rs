@@ -12,6 +12,7 @@ use super::auth;
 use crate::loader_check::{
     Finding, Loader,
     checker::{CheckError, Checker, ContainerdInspect},
+    run::RunSpec,
     stage::HookStage,
 };
 
@@ -60,8 +61,67 @@ impl LoaderObject {
             let uid = uid?;
             auth::check(uid, &self.allowed_uids, "InspectImage")
                 .inspect_err(|e| tracing::warn!("{e}"))?;
-            let found = self.checker.check(&image).await.map_err(|e| {
-                tracing::info!("InspectImage: {e}");
+            let found = self
+                .checker
+                .check(&image, &RunSpec::default())
+                .await
+                .map_err(|e| {
+                    tracing::info!("InspectImage: {e}");
+                    auth::for_caller(uid, api_error(&e))
+                })?;
+            Ok(answer(found))
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// As `InspectImage`, for a container that its pod starts as `command`,
+    /// `args`, `working_dir` and the `PATH` of its env say (each empty:
+    /// the image's `Entrypoint`, `Cmd`, `WorkingDir`, `PATH`; `path_unknown`:
+    /// the pod sets `PATH` from a source the plugin cannot read), kubelet's
+    /// `$(VAR)` references already expanded: the program the container will
+    /// run is judged, including the one a shell's `-c` or a wrapper such as
+    /// `tini` or `env` starts (docs/loader-check.md). InvalidArgument also
+    /// when they exceed the check's bounds (`run::MAX_RUN_ENTRIES`,
+    /// `run::MAX_RUN_BYTES`). They are only bounded here: the inspector
+    /// child reads them.
+    #[zbus(out_args("loader", "glibc", "digest", "evidence"))]
+    #[allow(clippy::too_many_arguments)] // the method's wire arguments, and zbus's two
+    async fn inspect_container(
+        &self,
+        image: String,
+        command: Vec<String>,
+        args: Vec<String>,
+        working_dir: String,
+        path: String,
+        path_unknown: bool,
+        #[zbus(header)] header: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<Answer, ApiError> {
+        let uid = auth::caller_uid(conn, &header).await;
+        let span = info_span!(
+            "dbus",
+            method = "InspectContainer",
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+            image = %crate::dmem::uid::excerpt(&image),
+        );
+        async {
+            let uid = uid?;
+            auth::check(uid, &self.allowed_uids, "InspectContainer")
+                .inspect_err(|e| tracing::warn!("{e}"))?;
+            let run = RunSpec {
+                command,
+                args,
+                working_dir,
+                path,
+                path_unknown,
+            };
+            let run = run.bounded().map_err(|e| {
+                tracing::info!("InspectContainer: {e}");
+                auth::for_caller(uid, ApiError::InvalidArgument(e.to_string()))
+            })?;
+            let found = self.checker.check(&image, &run).await.map_err(|e| {
+                tracing::info!("InspectContainer: {e}");
                 auth::for_caller(uid, api_error(&e))
             })?;
             Ok(answer(found))

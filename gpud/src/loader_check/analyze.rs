@@ -15,6 +15,7 @@ use super::Finding;
 use super::classify::{self, Command};
 use super::layers::{self, Budget, Compression, Tree};
 use super::oci::{self, Parsed};
+use super::run::RunSpec;
 use super::source::{Descriptor, ImageSource, SourceError};
 
 use super::inspection::MAX_NESTING;
@@ -75,24 +76,48 @@ fn manifest(
     })
 }
 
-/// The command of the config blob `desc`.
+/// The command of the config blob `desc`, as the pod's `run` overrides it.
 fn command(
     source: &mut dyn ImageSource,
     desc: &Descriptor,
+    run: &RunSpec,
     limits: &Limits,
 ) -> Result<Command, InspectError> {
     let bytes = read_json(source, desc, limits)?;
     let config = oci::parse_config(&desc.digest, &bytes)?;
     let defaults = Command::default();
-    let working_dir = match config.working_dir.as_deref() {
+    let working_dir = Some(run.working_dir.as_str())
+        .filter(|d| !d.is_empty())
+        .or(config.working_dir.as_deref());
+    let working_dir = match working_dir {
         Some(d) if d.starts_with('/') => d.to_owned(),
         Some(d) if !d.is_empty() => format!("/{d}"),
         _ => defaults.working_dir,
     };
+    let path = match run.path.as_str() {
+        "" => config.path().map_or(defaults.path, str::to_owned),
+        set => set.to_owned(),
+    };
+    let entrypoint = config.entrypoint.as_deref().unwrap_or_default();
+    let origin = match (
+        run.command.is_empty(),
+        entrypoint.is_empty(),
+        run.args.is_empty(),
+    ) {
+        (false, _, _) => "the pod's command",
+        (true, true, false) => "the pod's args",
+        _ => defaults.origin,
+    };
+    let mut argv = run
+        .argv(entrypoint, config.cmd.as_deref().unwrap_or_default())
+        .into_iter();
     let command = Command {
-        argv0: config.argv().into_iter().next(),
-        path: config.path().map_or(defaults.path, str::to_owned),
+        argv0: argv.next(),
+        args: argv.take(classify::MAX_ARGS_KEPT).collect(),
+        origin,
+        path,
         working_dir,
+        path_unknown: run.path_unknown,
     };
     Ok(command.bounded()?)
 }
@@ -120,7 +145,8 @@ fn merge(
 }
 
 /// Which loader the image `target` (an index or a manifest) runs its
-/// command under on `platform`.
+/// command under on `platform`, started as `run` says (the image's own
+/// entrypoint for [`RunSpec::default`]).
 ///
 /// # Errors
 /// [`InspectError`]: the store failed, a document is malformed, no manifest
@@ -130,11 +156,12 @@ pub fn inspect_target(
     source: &mut dyn ImageSource,
     target: &Descriptor,
     platform: &Platform,
+    run: &RunSpec,
     limits: &Limits,
 ) -> Result<Finding, InspectError> {
     let span = debug_span!("loader_check", digest = %target.digest, %platform);
     let _entered = span.enter();
-    let result = inspect(source, target, platform, limits);
+    let result = inspect(source, target, platform, run, limits);
     match &result {
         Ok(f) => debug!(loader = ?f.loader, evidence = %f.evidence, "inspected"),
         Err(e) => debug!(error = %e, reason = e.reason(), "inspection failed"),
@@ -146,11 +173,12 @@ fn inspect(
     source: &mut dyn ImageSource,
     target: &Descriptor,
     platform: &Platform,
+    run: &RunSpec,
     limits: &Limits,
 ) -> Result<Finding, InspectError> {
     check_time(limits, "before starting")?;
     let (config, layers) = manifest(source, target, platform, limits)?;
-    let command = command(source, &config, limits)?;
+    let command = command(source, &config, run, limits)?;
     let tree = merge(source, &layers, limits)?;
     check_time(limits, "resolving the command")?;
     let (loader, evidence) = classify::classify(&tree, &command, limits.deadline)?;
@@ -191,5 +219,7 @@ pub fn read_layer_for_fuzz(bytes: &[u8]) -> Result<(usize, super::Loader), Inspe
     Ok((tree.len(), loader))
 }
 
+#[cfg(test)]
+mod pod_tests;
 #[cfg(test)]
 mod tests;

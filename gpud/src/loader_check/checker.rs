@@ -33,6 +33,7 @@ use super::{
     analyze::{self, InspectError, Limits, Platform},
     containerd::ContainerdSource,
     reference::{self, ReferenceError},
+    run::RunSpec,
     sandbox::{
         self, ChildFailure, Sandbox,
         wire::{FailKind, Verdict},
@@ -96,15 +97,16 @@ pub enum CheckError {
     #[error("inspecting {image}: {why}")]
     Failed {
         image: String,
-        /// The image's digest when its content is what failed: the
-        /// failure is then cached under it.
-        digest: Option<String>,
+        /// When the image's content is what failed, the cache key the
+        /// failure is kept under: the image's digest, with the pod's
+        /// [`RunSpec`] when it has one ([`RunSpec::cache_key`]).
+        cache_key: Option<String>,
         why: String,
     },
 }
 
 impl CheckError {
-    fn of_inspection(image: &str, digest: Option<&str>, err: &InspectError) -> Self {
+    fn of_inspection(image: &str, cache_key: Option<&str>, err: &InspectError) -> Self {
         match err {
             InspectError::Source(SourceError::NotPresent { .. }) => {
                 Self::NotPresent(err.to_string())
@@ -112,25 +114,27 @@ impl CheckError {
             InspectError::Source(SourceError::NoRuntime { .. }) => Self::NoRuntime(err.to_string()),
             _ => Self::Failed {
                 image: image.to_owned(),
-                digest: digest.filter(|_| err.lasting()).map(str::to_owned),
+                cache_key: cache_key.filter(|_| err.lasting()).map(str::to_owned),
                 why: err.to_string(),
             },
         }
     }
 }
 
-/// What the cache knows of a digest: its finding, or why it failed.
+/// What the cache knows of a key: its finding, or why it failed.
 pub type Known = Result<Finding, String>;
 
-/// One whole inspection of a normalised reference, on a blocking thread:
-/// `cached` gives what is already known of a target digest.
+/// One whole inspection of a normalised reference started as `run` says, on
+/// a blocking thread: `cached` gives what is already known of a cache key
+/// ([`RunSpec::cache_key`] of the target's digest).
 pub trait Inspect: Send + Sync + 'static {
     /// # Errors
     /// [`CheckError`] naming the image; a failure of the image's content
-    /// names its digest ([`CheckError::Failed`]), to be cached.
+    /// names its cache key ([`CheckError::Failed`]), to be cached.
     fn inspect(
         &self,
         image: &str,
+        run: &RunSpec,
         deadline: Instant,
         cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError>;
@@ -153,6 +157,7 @@ impl Inspect for ContainerdInspect {
     fn inspect(
         &self,
         image: &str,
+        run: &RunSpec,
         deadline: Instant,
         cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError> {
@@ -162,45 +167,61 @@ impl Inspect for ContainerdInspect {
             ContainerdSource::connect(&self.socket, &self.namespace, handle, self.call_timeout)
                 .map_err(|e| fail(e.into()))?;
         let target = source.target(image).map_err(|e| fail(e.into()))?;
-        match cached(&target.digest) {
+        let key = run.cache_key(&target.digest);
+        match cached(&key) {
             Some(Ok(found)) => return Ok(found),
             Some(Err(why)) => {
                 return Err(CheckError::Failed {
                     image: image.to_owned(),
-                    digest: Some(target.digest),
+                    cache_key: Some(key),
                     why,
                 });
             }
             None => {}
         }
         if let Some(sandbox) = &self.sandbox {
-            return in_child(sandbox, &mut source, image, &target, deadline);
+            let job = ChildJob {
+                image,
+                target: &target,
+                run,
+                key: &key,
+            };
+            return in_child(sandbox, &mut source, &job, deadline);
         }
         let limits = Limits {
             deadline,
             ..Limits::default()
         };
-        analyze::inspect_target(&mut source, &target, &Platform::host(), &limits)
-            .map_err(|e| CheckError::of_inspection(image, Some(&target.digest), &e))
+        analyze::inspect_target(&mut source, &target, &Platform::host(), run, &limits)
+            .map_err(|e| CheckError::of_inspection(image, Some(&key), &e))
     }
 }
 
-/// Inspects `target` in a child of `sandbox`: its verdict, or its failure
-/// (cached by digest unless the child could not even start).
+/// What one child inspects: `image` resolved to `target`, started as `run`
+/// says, its outcome cached under `key`.
+struct ChildJob<'a> {
+    image: &'a str,
+    target: &'a super::Descriptor,
+    run: &'a RunSpec,
+    key: &'a str,
+}
+
+/// Inspects `job` in a child of `sandbox`: its verdict, or its failure
+/// (cached under the job's key unless the child could not even start).
 fn in_child(
     sandbox: &Sandbox,
     source: &mut dyn ImageSource,
-    image: &str,
-    target: &super::Descriptor,
+    job: &ChildJob<'_>,
     deadline: Instant,
 ) -> Result<Finding, CheckError> {
     let budget = deadline.saturating_duration_since(Instant::now());
-    let failed = |digest: Option<&str>, why: String| CheckError::Failed {
-        image: image.to_owned(),
-        digest: digest.map(str::to_owned),
+    let failed = |key: Option<&str>, why: String| CheckError::Failed {
+        image: job.image.to_owned(),
+        cache_key: key.map(str::to_owned),
         why,
     };
-    match sandbox::inspect_in_child(sandbox, source, target, budget) {
+    let target = job.target;
+    match sandbox::inspect_in_child(sandbox, source, target, job.run, budget) {
         Ok(Verdict::Found { loader, evidence }) => Ok(Finding {
             digest: target.digest.clone(),
             loader,
@@ -209,10 +230,10 @@ fn in_child(
         Ok(Verdict::Failed { kind, why, lasting }) => Err(match kind {
             FailKind::NotPresent => CheckError::NotPresent(why),
             FailKind::NoRuntime => CheckError::NoRuntime(why),
-            FailKind::Content => failed(lasting.then_some(target.digest.as_str()), why),
+            FailKind::Content => failed(lasting.then_some(job.key), why),
         }),
         Err(err @ ChildFailure::Spawn { .. }) => Err(failed(None, err.to_string())),
-        Err(err) => Err(failed(Some(&target.digest), err.to_string())),
+        Err(err) => Err(failed(Some(job.key), err.to_string())),
     }
 }
 
@@ -263,9 +284,13 @@ impl<I: Inspect> Checker<I> {
     ///
     /// # Errors
     /// [`CheckError`]; `StillRunning` when the answer is not there in time.
-    pub async fn check(self: &Arc<Self>, reference: &str) -> Result<Finding, CheckError> {
+    pub async fn check(
+        self: &Arc<Self>,
+        reference: &str,
+        run: &RunSpec,
+    ) -> Result<Finding, CheckError> {
         let image = reference::normalize(reference)?;
-        self.check_as(&tenant_of(&image), &image).await
+        self.check_as(&tenant_of(&image), &image, run).await
     }
 
     /// The loader of image `reference`, its inspection charged to `tenant`
@@ -278,13 +303,14 @@ impl<I: Inspect> Checker<I> {
         self: &Arc<Self>,
         tenant: &str,
         reference: &str,
+        run: &RunSpec,
     ) -> Result<Finding, CheckError> {
         let image = reference::normalize(reference)?;
-        let mut answer = self.join_or_start(tenant, &image)?;
+        let mut answer = self.join_or_start(tenant, &image, run)?;
         let waited = self.config.answer_within;
         let failed = |why: &str| CheckError::Failed {
             image: image.clone(),
-            digest: None,
+            cache_key: None,
             why: why.to_owned(),
         };
         match tokio::time::timeout(waited, answer.wait_for(Option::is_some)).await {
@@ -320,9 +346,12 @@ impl<I: Inspect> Checker<I> {
         self: &Arc<Self>,
         tenant: &str,
         image: &str,
+        run: &RunSpec,
     ) -> Result<watch::Receiver<Option<Outcome>>, CheckError> {
+        // One inspection per image and way of starting it.
+        let running_key = run.cache_key(image);
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(r) = running.get(image) {
+        if let Some(r) = running.get(&running_key) {
             return Ok(r.answer.clone());
         }
         self.slot_for(&running, tenant)?;
@@ -331,26 +360,32 @@ impl<I: Inspect> Checker<I> {
             answer: answer.clone(),
             tenant: tenant.to_owned(),
         };
-        running.insert(image.to_owned(), entry);
+        running.insert(running_key.clone(), entry);
         let this = Arc::clone(self);
         let image = image.to_owned();
-        let span = info_span!("loader_check", image = %image, tenant = %tenant);
+        let run = run.clone();
+        let span = info_span!(
+            "loader_check",
+            image = %image,
+            tenant = %tenant,
+            from_pod = !run.is_image_default(),
+        );
         let task = async move {
             let work = Arc::clone(&this);
             let name = image.clone();
-            let outcome = tokio::task::spawn_blocking(move || work.inspect_now(&name))
+            let outcome = tokio::task::spawn_blocking(move || work.inspect_now(&name, &run))
                 .await
                 .unwrap_or_else(|e| {
                     Err(CheckError::Failed {
                         image: image.clone(),
-                        digest: None,
+                        cache_key: None,
                         why: format!("the inspection thread failed: {e}"),
                     })
                 });
             this.running
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .remove(&image);
+                .remove(&running_key);
             let _ = send.send(Some(outcome));
         };
         tokio::spawn(task.instrument(span));
@@ -359,20 +394,20 @@ impl<I: Inspect> Checker<I> {
 
     /// One inspection, on the blocking thread; a finding, or a failure of
     /// the image's content, joins the cache, its text capped.
-    fn inspect_now(&self, image: &str) -> Outcome {
+    fn inspect_now(&self, image: &str, run: &RunSpec) -> Outcome {
         let started = Instant::now();
-        let cached = |digest: &str| {
+        let cached = |key: &str| {
             let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            cache.get(digest)
+            cache.get(key)
         };
         let outcome = self
             .inspect
-            .inspect(image, started + self.config.budget, &cached);
+            .inspect(image, run, started + self.config.budget, &cached);
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         match outcome {
             Ok(found) => {
                 let found = cache::capped(found);
-                cache.put(&found);
+                cache.put(&run.cache_key(&found.digest), &found);
                 info!(
                     digest = %found.digest,
                     loader = ?found.loader,
@@ -384,14 +419,18 @@ impl<I: Inspect> Checker<I> {
             }
             Err(CheckError::Failed {
                 image,
-                digest,
+                cache_key,
                 mut why,
             }) => {
                 cache::cap_text(&mut why);
-                if let Some(digest) = &digest {
-                    cache.put_failure(digest, &why);
+                if let Some(key) = &cache_key {
+                    cache.put_failure(key, &why);
                 }
-                let err = CheckError::Failed { image, digest, why };
+                let err = CheckError::Failed {
+                    image,
+                    cache_key,
+                    why,
+                };
                 warn!("image inspection failed: {err}");
                 Err(err)
             }

@@ -18,6 +18,7 @@
 
 mod command;
 mod resolve;
+mod wrapper;
 
 use std::{collections::BTreeSet, time::Instant};
 
@@ -26,7 +27,7 @@ use super::elf::{GlibcVersion, Interp};
 use super::inspection::InspectError;
 use super::layers::{FileKind, Node, Tree, basename};
 
-pub(crate) use command::Command;
+pub(crate) use command::{Command, MAX_ARGS_KEPT};
 #[cfg(test)]
 pub(crate) use command::{MAX_COMPONENTS, MAX_PATH_ENTRIES};
 #[cfg(test)]
@@ -35,6 +36,9 @@ use resolve::absolute;
 pub(crate) use resolve::{ResolveError, Walk};
 
 pub(crate) const MAX_SCRIPT_DEPTH: u32 = 4;
+/// Programs that start the next ([`wrapper`]) followed from argv[0]: `sh -c
+/// "exec tini -- env A=1 prog"` is three.
+pub(crate) const MAX_WRAPPERS: u32 = 4;
 /// Multiarch directories (`/usr/lib/<triplet>`) searched for `libc.so.6`:
 /// Debian's multiarch tuples number about 20
 /// (`wiki.debian.org/Multiarch/Tuples`) and an image holds one or two.
@@ -70,18 +74,56 @@ fn judge(walk: &Walk<'_>, cmd: &Command) -> (Loader, String) {
     let Some(argv0) = cmd.argv0.as_deref() else {
         return by_loaders(walk, "no Entrypoint or Cmd".to_owned());
     };
+    judge_program(walk, cmd, argv0, &cmd.args, 0, cmd.origin.to_owned())
+}
+
+/// Judges the program `argv0` run with `args`, reached as `evidence` says:
+/// the program it starts when it is a wrapper ([`wrapper`]), else itself.
+fn judge_program(
+    walk: &Walk<'_>,
+    cmd: &Command,
+    argv0: &str,
+    args: &[String],
+    hops: u32,
+    evidence: String,
+) -> (Loader, String) {
+    // The config's argv[0] was bounded with the rest of the command; one a
+    // wrapper names is bounded here, before it is walked.
+    if let Err(e) = command::bounded_path("argv[0]", argv0) {
+        return unknown(format!("{evidence}: {e}"));
+    }
+    if cmd.path_unknown && !argv0.contains('/') {
+        return unknown(format!(
+            "{evidence} {argv0}: looked up in a PATH that the pod sets from a source the plugin \
+             cannot read (envFrom or valueFrom)"
+        ));
+    }
     let located = walk
         .locate(cmd, argv0)
         .and_then(|path| match walk.find_file(&path) {
             Err(ResolveError::Missing(_)) => Err(ResolveError::Missing(path)),
-            _ => Ok(path),
+            Ok((real, _)) => Ok((path, real)),
+            Err(_) => Ok((path.clone(), path)),
         });
-    match located {
-        Ok(path) => follow(walk, cmd, &path, 0, format!("entrypoint {path}")),
+    let (path, real) = match located {
+        Ok(found) => found,
         Err(ResolveError::Missing(what)) => {
-            by_loaders(walk, format!("entrypoint {what} not found"))
+            return by_loaders(walk, format!("{evidence} {what} not found"));
         }
-        Err(e) => unknown(format!("entrypoint {argv0}: {e}")),
+        Err(e) => return unknown(format!("{evidence} {argv0}: {e}")),
+    };
+    let evidence = format!("{evidence} {path}");
+    match wrapper::next(basename(argv0), basename(&real), args) {
+        wrapper::Next::Itself => follow(walk, cmd, &path, 0, evidence),
+        wrapper::Next::Unknowable(why) => unknown(format!("{evidence}: {why}")),
+        wrapper::Next::Runs { argv, how } => match argv.split_first() {
+            Some((next, rest)) if hops < MAX_WRAPPERS => {
+                judge_program(walk, cmd, next, rest, hops + 1, format!("{evidence}{how}"))
+            }
+            _ => unknown(format!(
+                "{evidence}: more than {MAX_WRAPPERS} programs that each start the next"
+            )),
+        },
     }
 }
 

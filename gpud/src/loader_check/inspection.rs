@@ -89,7 +89,7 @@ impl fmt::Display for Platform {
 /// (`classify::command`): the image is refused before any path is walked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the image config's {field} has {found} {unit}, above the loader check's bound of {limit} ({bound})"
+    "the container's {field} has {found} {unit}, above the loader check's bound of {limit} ({bound})"
 )]
 pub struct CommandBound {
     /// `argv[0]`, `WorkingDir`, `PATH` or `PATH entry`.

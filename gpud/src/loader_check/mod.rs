@@ -22,6 +22,7 @@ mod inspection;
 mod layers;
 mod oci;
 pub mod reference;
+pub mod run;
 pub mod sandbox;
 pub mod source;
 pub mod stage;

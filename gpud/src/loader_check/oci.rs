@@ -217,13 +217,6 @@ pub(crate) fn parse_config(digest: &str, bytes: &[u8]) -> Result<RunConfig, Insp
 }
 
 impl RunConfig {
-    /// The command the container runs: `Entrypoint` then `Cmd`.
-    pub(crate) fn argv(&self) -> Vec<String> {
-        let mut argv = self.entrypoint.clone().unwrap_or_default();
-        argv.extend(self.cmd.clone().unwrap_or_default());
-        argv
-    }
-
     /// `PATH` from `Env`, if set there.
     pub(crate) fn path(&self) -> Option<&str> {
         self.env

@@ -70,7 +70,10 @@ pub(crate) enum Decision {
     Refuse { remedy: &'static str },
 }
 
-const NEWER_GLIBC: &str = "use an image whose libc is glibc 2.34 or newer";
+const UNTOLD: &str = "run a program the check can tell (from an image whose libc is glibc 2.34 \
+     or newer, named in command or args without a shell command line or values the plugin \
+     cannot read), or turn on amd-gpud's dmem backend (GPUD_DMEM_BACKEND) so that the kernel caps \
+     the slice's VRAM";
 const OR_DMEM: &str = "use an image whose libc is glibc 2.34 or newer, or turn on amd-gpud's \
      dmem backend (GPUD_DMEM_BACKEND) so that the kernel caps the slice's VRAM";
 
@@ -79,11 +82,11 @@ const OR_DMEM: &str = "use an image whose libc is glibc 2.34 or newer, or turn o
 pub(crate) fn decide(found: &Found, capped: bool) -> Decision {
     match found {
         Found::Glibc { major, minor } if (*major, *minor) >= FIRST_GLIBC => Decision::Hook,
-        Found::Glibc { .. } | Found::Musl | Found::Static if capped => Decision::NoHook,
+        // With the kernel's cap the hook is not needed, whatever the loader
+        // (issue 38, F8: "refused unless the dmem cap holds").
+        _ if capped => Decision::NoHook,
         Found::Glibc { .. } | Found::Musl | Found::Static => Decision::Refuse { remedy: OR_DMEM },
-        Found::Unknown => Decision::Refuse {
-            remedy: NEWER_GLIBC,
-        },
+        Found::Unknown => Decision::Refuse { remedy: UNTOLD },
     }
 }
 
@@ -126,8 +129,8 @@ mod tests {
             (Found::Musl, false, refuse(OR_DMEM)),
             (Found::Static, true, Decision::NoHook),
             (Found::Static, false, refuse(OR_DMEM)),
-            (Found::Unknown, true, refuse(NEWER_GLIBC)),
-            (Found::Unknown, false, refuse(NEWER_GLIBC)),
+            (Found::Unknown, true, Decision::NoHook),
+            (Found::Unknown, false, refuse(UNTOLD)),
         ];
         for (found, capped, expected) in cases {
             assert_eq!(decide(&found, capped), expected, "{found} capped={capped}");

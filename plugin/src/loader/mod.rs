@@ -19,6 +19,7 @@
 
 pub(crate) mod decide;
 pub(crate) mod gpud;
+pub(crate) mod run;
 
 use std::{fmt, future::Future, path::PathBuf, pin::Pin, sync::Arc};
 
@@ -33,7 +34,8 @@ use crate::{
         owners::{Owners, PodRef, holder_in, list_pod_resources},
     },
 };
-use decide::{Decision, Inspected, decide, staging_key};
+use decide::{Decision, Found, Inspected, decide, staging_key};
+use run::ContainerRun;
 
 /// Where the memory hook goes inside a container; its directory is what
 /// Allocate mounts from the staged one.
@@ -52,11 +54,13 @@ pub(crate) enum SinkError {
     Other(String),
 }
 
-/// amd-gpud's `InspectImage` and `StageMemoryHook`.
+/// amd-gpud's `InspectImage`/`InspectContainer` and `StageMemoryHook`.
 pub(crate) trait LoaderSink: Send + Sync + fmt::Debug {
+    /// The loader of the program `image` runs when started as `run` says.
     fn inspect(
         &self,
         image: String,
+        run: ContainerRun,
     ) -> Pin<Box<dyn Future<Output = Result<Inspected, SinkError>> + Send>>;
 
     fn stage(
@@ -91,7 +95,7 @@ pub(crate) enum LoaderError {
         why: SinkError,
     },
     #[error(
-        "pod {pod}, image {image}: its entrypoint runs under {found} ({evidence}), which does \
+        "pod {pod}, image {image}: the program it starts runs under {found} ({evidence}), which does \
          not load the memory hook, and nothing else would limit the slice's VRAM: {remedy}"
     )]
     Refused {
@@ -224,14 +228,22 @@ impl LoaderCheck {
                 })?;
         let image = container.image.clone().unwrap_or_default();
         let inspected =
-            self.sink
-                .inspect(image.clone())
-                .await
-                .map_err(|why| LoaderError::Inspect {
-                    pod: who.clone(),
-                    image: image.clone(),
-                    why,
-                })?;
+            match ContainerRun::of(container) {
+                Ok(run) => self.sink.inspect(image.clone(), run).await.map_err(|why| {
+                    LoaderError::Inspect {
+                        pod: who.clone(),
+                        image: image.clone(),
+                        why,
+                    }
+                })?,
+                // The pod names its program through values the plugin cannot
+                // read: as a loader that cannot be told.
+                Err(why) => Inspected {
+                    found: Found::Unknown,
+                    digest: String::new(),
+                    evidence: why,
+                },
+            };
         let decision = decide(&inspected.found, capped);
         if let Decision::Refuse { remedy } = decision {
             return Err(LoaderError::Refused {

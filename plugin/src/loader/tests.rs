@@ -15,6 +15,7 @@ const UID: &str = "0b4c6c1e-5d0e-4d3c-9a43-4b0c2f4e0a01";
 struct FakeGpud {
     answers: Vec<(String, Result<Inspected, SinkError>)>,
     inspected: Mutex<Vec<String>>,
+    runs: Mutex<Vec<ContainerRun>>,
     staged: Mutex<Vec<(String, String, bool)>>,
 }
 
@@ -22,8 +23,10 @@ impl LoaderSink for FakeGpud {
     fn inspect(
         &self,
         image: String,
+        run: ContainerRun,
     ) -> Pin<Box<dyn Future<Output = Result<Inspected, SinkError>> + Send>> {
         self.inspected.lock().unwrap().push(image.clone());
+        self.runs.lock().unwrap().push(run);
         let answer = self.answers.iter().find(|(i, _)| *i == image).map_or_else(
             || Err(SinkError::NotPresent(format!("no {image}"))),
             |(_, a)| a.clone(),
@@ -161,15 +164,19 @@ async fn musl_goes_without_the_hook_only_when_dmem_caps_it() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn unknown_loaders_and_missing_images_are_refused() {
+async fn unknown_loaders_are_refused_unless_capped_and_missing_images_always() {
     let gpud = FakeGpud {
         answers: vec![("odd".into(), found(Found::Unknown))],
         ..FakeGpud::default()
     };
     let (check, gpud) = checker(gpud, pod(&[("main", "odd", 1)]));
     allocated(&check, &ids(), true);
-    let err = pre_start(&check, &ids(), true).await.unwrap_err();
+    let err = pre_start(&check, &ids(), false).await.unwrap_err();
     assert!(matches!(err, LoaderError::Refused { .. }), "{err}");
+    assert!(
+        pre_start(&check, &ids(), true).await.unwrap(),
+        "with the kernel's cap it goes without the hook"
+    );
 
     let (check, _) = checker(FakeGpud::default(), pod(&[("main", "never-pulled", 1)]));
     allocated(&check, &ids(), true);
@@ -185,7 +192,58 @@ async fn unknown_loaders_and_missing_images_are_refused() {
         "{err}"
     );
     assert!(err.to_string().contains("never-pulled"), "{err}");
-    assert!(gpud.staged.lock().unwrap().is_empty());
+    assert_eq!(
+        *gpud.staged.lock().unwrap(),
+        [(UID.to_owned(), staging_key(&ids()), false)],
+        "only the capped start staged (an empty directory)"
+    );
+}
+
+/// Issue 38, F8: the pod's command goes to amd-gpud with the image, so that
+/// the program that will run is judged; one the plugin cannot read is
+/// unknown without asking.
+#[tokio::test(flavor = "current_thread")]
+async fn the_pods_command_is_what_is_judged() {
+    let gpud = FakeGpud {
+        answers: vec![("rocm/pytorch".into(), found(Found::Static))],
+        ..FakeGpud::default()
+    };
+    let mut with_command = pod(&[("main", "rocm/pytorch", 1)]);
+    let main = &mut with_command.spec.as_mut().unwrap().containers[0];
+    main.command = Some(vec!["/opt/static".to_owned()]);
+    main.args = Some(vec!["--serve".to_owned()]);
+    let (check, gpud) = checker(gpud, with_command);
+    allocated(&check, &ids(), true);
+    let err = pre_start(&check, &ids(), false).await.unwrap_err();
+    assert!(err.to_string().contains("a static binary"), "{err}");
+    let runs = gpud.runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].command, ["/opt/static"]);
+    assert_eq!(runs[0].args, ["--serve"]);
+
+    let mut from_secret = pod(&[("main", "rocm/pytorch", 1)]);
+    let main = &mut from_secret.spec.as_mut().unwrap().containers[0];
+    main.command = Some(vec!["$(BIN)".to_owned()]);
+    main.env = Some(vec![
+        serde_json::from_value(json!({
+            "name": "BIN",
+            "valueFrom": { "secretKeyRef": { "name": "s", "key": "bin" } },
+        }))
+        .unwrap(),
+    ]);
+    let (check, gpud) = checker(FakeGpud::default(), from_secret);
+    allocated(&check, &ids(), true);
+    let err = pre_start(&check, &ids(), false).await.unwrap_err();
+    assert!(matches!(err, LoaderError::Refused { .. }), "{err}");
+    assert!(err.to_string().contains("refers to $(BIN)"), "{err}");
+    assert!(
+        gpud.inspected.lock().unwrap().is_empty(),
+        "amd-gpud not asked"
+    );
+    assert!(
+        pre_start(&check, &ids(), true).await.unwrap(),
+        "capped: no hook"
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -236,6 +236,33 @@ impl HamiEmulator {
         self.lock(api, name);
     }
 
+    /// As [`Self::bind_image`], for one container written out (`image`,
+    /// `command`, `args`, `env`, ...) granted `grants`; its `name` and
+    /// `resources` are set here.
+    ///
+    /// # Panics
+    /// As [`Self::bind`].
+    pub fn bind_container(
+        &self,
+        api: &FakeApiServer,
+        name: &str,
+        grants: &[Grant],
+        now: u64,
+        mut container: serde_json::Value,
+    ) {
+        container["name"] = json!("c");
+        container["resources"] = json!({"limits": {"amd.com/gpu": grants.len().to_string()}});
+        let containers = [grants.to_vec()];
+        self.put_bound(
+            api,
+            name,
+            &containers,
+            now,
+            json!({"containers": [container]}),
+        );
+        self.lock(api, name);
+    }
+
     fn bind_image_unlocked(
         &self,
         api: &FakeApiServer,

@@ -3,18 +3,18 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
-use crate::loader_check::Loader;
 use crate::loader_check::testelf::{TestElf, old_libc};
 use crate::loader_check::testimage::{
     MemSource, TAR, TAR_GZIP, TAR_ZSTD, TarLayer, digest_of, gzip, zstd,
 };
+use crate::loader_check::{Loader, run::RunSpec};
 
 const TRUE: &str = "/usr/bin/true";
 const LIBC: &str = "/lib/x86_64-linux-gnu/libc.so.6";
-const BUSYBOX: &str = "/bin/busybox";
+pub(super) const BUSYBOX: &str = "/bin/busybox";
 const MUSL: &str = "/usr/lib/x86_64-linux-musl/libc.so";
 
-fn host() -> Platform {
+pub(super) fn host() -> Platform {
     Platform {
         os: "linux".to_owned(),
         architecture: "amd64".to_owned(),
@@ -23,11 +23,17 @@ fn host() -> Platform {
 }
 
 fn inspect(source: &mut MemSource, target: &Descriptor) -> Result<Finding, InspectError> {
-    inspect_target(source, target, &host(), &Limits::default())
+    inspect_target(
+        source,
+        target,
+        &host(),
+        &RunSpec::default(),
+        &Limits::default(),
+    )
 }
 
 /// A Debian 12 style base layer: merged /usr, glibc's loader and libc.
-fn debian_base() -> Vec<u8> {
+pub(super) fn debian_base() -> Vec<u8> {
     TarLayer::new()
         .dir("./")
         .symlink("./bin", "usr/bin")
@@ -230,7 +236,14 @@ fn index_picks_the_host_platform() {
         architecture: "arm64".to_owned(),
         variant: Some("v8".to_owned()),
     };
-    let f = inspect_target(&mut s, &index, &arm, &Limits::default()).unwrap();
+    let f = inspect_target(
+        &mut s,
+        &index,
+        &arm,
+        &RunSpec::default(),
+        &Limits::default(),
+    )
+    .unwrap();
     assert_eq!(f.loader, Loader::Static);
     // One level of nesting, and an empty descriptor media type.
     let outer = s.index(&[(&index, "")]);
@@ -357,7 +370,7 @@ fn deadline_in_the_past() {
         deadline: Instant::now(),
         ..Limits::default()
     };
-    let err = inspect_target(&mut s, &target, &host(), &limits).unwrap_err();
+    let err = inspect_target(&mut s, &target, &host(), &RunSpec::default(), &limits).unwrap_err();
     assert!(matches!(err, InspectError::OutOfTime { .. }), "{err:?}");
     assert_eq!(err.reason(), "out_of_time");
 }

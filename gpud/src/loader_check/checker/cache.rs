@@ -1,4 +1,5 @@
-//! What the check remembers of images, by digest: findings, and why an
+//! What the check remembers of images, by digest (and the pod's way of
+//! starting the container, `RunSpec::cache_key`): findings, and why an
 //! inspection failed (issue 38, F3: a failure was not kept, so a hostile
 //! image was inspected again in full at every container start), each entry
 //! with its text bounded.
@@ -91,8 +92,8 @@ impl Cache {
         }
     }
 
-    pub(super) fn put(&mut self, found: &Finding) {
-        self.found.put(&found.digest, found.clone());
+    pub(super) fn put(&mut self, key: &str, found: &Finding) {
+        self.found.put(key, found.clone());
     }
 
     /// Keeps why `digest` failed, unless that is known already (an answer

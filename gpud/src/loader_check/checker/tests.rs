@@ -6,6 +6,15 @@ use std::sync::{
 use super::*;
 use crate::loader_check::Loader;
 
+/// The image's own entrypoint.
+static NONE: RunSpec = RunSpec {
+    command: Vec::new(),
+    args: Vec::new(),
+    working_dir: String::new(),
+    path: String::new(),
+    path_unknown: false,
+};
+
 /// An inspection that waits for its gate and counts what it did.
 #[derive(Default)]
 struct Fake {
@@ -27,6 +36,7 @@ impl Inspect for Fake {
     fn inspect(
         &self,
         image: &str,
+        run: &RunSpec,
         _deadline: Instant,
         cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError> {
@@ -38,12 +48,13 @@ impl Inspect for Fake {
             return Err(CheckError::NotPresent(format!("{image} is not there")));
         }
         let digest = format!("sha256:{image}");
+        let key = run.cache_key(&digest);
         let failed = |why: String| CheckError::Failed {
             image: image.to_owned(),
-            digest: Some(digest.clone()),
+            cache_key: Some(key.clone()),
             why,
         };
-        match cached(&digest) {
+        match cached(&key) {
             Some(Ok(found)) => return Ok(found),
             Some(Err(why)) => return Err(failed(why)),
             None => {}
@@ -63,6 +74,13 @@ impl Inspect for Fake {
                 digest,
                 loader: Loader::Unknown { why: long("u") },
                 evidence: long("e"),
+            });
+        }
+        if let Some(program) = run.command.first() {
+            return Ok(Finding {
+                digest,
+                loader: Loader::Static,
+                evidence: format!("the pod's command {program} is static"),
             });
         }
         Ok(Finding {
@@ -91,8 +109,8 @@ async fn callers_of_one_image_share_one_inspection_and_its_cache() {
     within(async {
         let checker = Checker::new(Fake::default(), CheckerConfig::default());
         let (a, b) = (checker.clone(), checker.clone());
-        let first = tokio::spawn(async move { a.check("alpine").await });
-        let second = tokio::spawn(async move { b.check("docker.io/library/alpine").await });
+        let first = tokio::spawn(async move { a.check("alpine", &NONE).await });
+        let second = tokio::spawn(async move { b.check("docker.io/library/alpine", &NONE).await });
         while checker.running.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -109,7 +127,7 @@ async fn callers_of_one_image_share_one_inspection_and_its_cache() {
             "docker.io/library/alpine:latest",
             "the reference is normalised"
         );
-        checker.check("alpine:latest").await.unwrap();
+        checker.check("alpine:latest", &NONE).await.unwrap();
         assert_eq!(checker.inspect.calls.load(Ordering::SeqCst), 2);
         assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 1, "cached");
     })
@@ -120,13 +138,13 @@ async fn callers_of_one_image_share_one_inspection_and_its_cache() {
 async fn a_slow_inspection_answers_still_running_and_fills_the_cache() {
     within(async {
         let checker = Checker::new(Fake::default(), quick());
-        let err = checker.check("rocm/pytorch").await.unwrap_err();
+        let err = checker.check("rocm/pytorch", &NONE).await.unwrap_err();
         assert!(
             matches!(&err, CheckError::StillRunning { image, .. }
             if image == "docker.io/rocm/pytorch:latest"),
             "{err}"
         );
-        let again = checker.check("rocm/pytorch").await.unwrap_err();
+        let again = checker.check("rocm/pytorch", &NONE).await.unwrap_err();
         assert!(matches!(again, CheckError::StillRunning { .. }));
         assert_eq!(checker.inspect.calls.load(Ordering::SeqCst), 1, "joined");
         let (open, turned) = &*checker.inspect.gate;
@@ -135,7 +153,7 @@ async fn a_slow_inspection_answers_still_running_and_fills_the_cache() {
         while !checker.running.lock().unwrap().is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let found = checker.check("rocm/pytorch").await.unwrap();
+        let found = checker.check("rocm/pytorch", &NONE).await.unwrap();
         assert_eq!(found.loader, Loader::Musl);
         assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 1);
     })
@@ -147,10 +165,10 @@ async fn inspections_at_once_are_bounded() {
     within(async {
         let checker = Checker::new(Fake::default(), quick());
         for image in ["x/a", "y/b"] {
-            let err = checker.check(image).await.unwrap_err();
+            let err = checker.check(image, &NONE).await.unwrap_err();
             assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
         }
-        let err = checker.check("z/c").await.unwrap_err();
+        let err = checker.check("z/c", &NONE).await.unwrap_err();
         assert_eq!(
             err,
             CheckError::TooMany {
@@ -171,11 +189,11 @@ async fn absent_images_are_not_cached_and_bad_references_start_nothing() {
     within(async {
         let checker = Checker::new(Fake::open(), quick());
         for _ in 0..2 {
-            let err = checker.check("absent:1").await.unwrap_err();
+            let err = checker.check("absent:1", &NONE).await.unwrap_err();
             assert!(matches!(err, CheckError::NotPresent(_)), "{err}");
         }
         assert_eq!(checker.inspect.calls.load(Ordering::SeqCst), 2);
-        let err = checker.check("a b").await.unwrap_err();
+        let err = checker.check("a b", &NONE).await.unwrap_err();
         assert!(matches!(err, CheckError::Reference(_)), "{err}");
         assert_eq!(checker.inspect.calls.load(Ordering::SeqCst), 2);
     })
@@ -188,13 +206,18 @@ async fn absent_images_are_not_cached_and_bad_references_start_nothing() {
 async fn a_failing_image_is_inspected_once() {
     within(async {
         let checker = Checker::new(Fake::open(), quick());
-        let first = checker.check("evil/bomb").await.unwrap_err();
-        let CheckError::Failed { digest, why, .. } = &first else {
+        let first = checker.check("evil/bomb", &NONE).await.unwrap_err();
+        let CheckError::Failed {
+            cache_key: digest,
+            why,
+            ..
+        } = &first
+        else {
             panic!("{first}")
         };
         assert_eq!(digest.as_deref(), Some("sha256:docker.io/evil/bomb:latest"));
         assert!(why.contains("max_layer_bytes"), "{why}");
-        let again = checker.check("evil/bomb").await.unwrap_err();
+        let again = checker.check("evil/bomb", &NONE).await.unwrap_err();
         assert_eq!(again, first);
         assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 1);
 
@@ -205,7 +228,7 @@ async fn a_failing_image_is_inspected_once() {
         };
         let checker = Checker::new(Fake::open(), config);
         for _ in 0..2 {
-            checker.check("evil/bomb").await.unwrap_err();
+            checker.check("evil/bomb", &NONE).await.unwrap_err();
         }
         assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 2);
     })
@@ -218,7 +241,7 @@ async fn a_failing_image_is_inspected_once() {
 async fn evidence_and_reasons_are_capped() {
     within(async {
         let checker = Checker::new(Fake::open(), quick());
-        let found = checker.check("verbose").await.unwrap();
+        let found = checker.check("verbose", &NONE).await.unwrap();
         assert!(
             found.evidence.len() <= cache::MAX_EVIDENCE,
             "{}",
@@ -235,11 +258,11 @@ async fn evidence_and_reasons_are_capped() {
         };
         assert!(why.len() <= cache::MAX_EVIDENCE && why.ends_with("bytes cut]"));
         assert_eq!(
-            checker.check("verbose").await.unwrap(),
+            checker.check("verbose", &NONE).await.unwrap(),
             found,
             "cached capped"
         );
-        let err = checker.check("verbose-bomb").await.unwrap_err();
+        let err = checker.check("verbose-bomb", &NONE).await.unwrap_err();
         let CheckError::Failed { why, .. } = &err else {
             panic!("{err}")
         };
@@ -282,9 +305,9 @@ async fn a_tenant_holding_its_share_is_busy_while_another_gets_a_slot() {
     within(async {
         let checker = Checker::new(Fake::default(), quick());
         let _opens = Opens(Arc::clone(&checker));
-        let err = checker.check_as("ns-a", "a/one").await.unwrap_err();
+        let err = checker.check_as("ns-a", "a/one", &NONE).await.unwrap_err();
         assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
-        let err = checker.check_as("ns-a", "a/two").await.unwrap_err();
+        let err = checker.check_as("ns-a", "a/two", &NONE).await.unwrap_err();
         assert_eq!(
             err,
             CheckError::TooMany {
@@ -294,12 +317,12 @@ async fn a_tenant_holding_its_share_is_busy_while_another_gets_a_slot() {
             }
         );
         assert!(err.to_string().contains("for ns-a"), "{err}");
-        let err = checker.check_as("ns-b", "b/one").await.unwrap_err();
+        let err = checker.check_as("ns-b", "b/one", &NONE).await.unwrap_err();
         assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
         // Joining an inspection running already takes no slot.
-        let err = checker.check_as("ns-a", "b/one").await.unwrap_err();
+        let err = checker.check_as("ns-a", "b/one", &NONE).await.unwrap_err();
         assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
-        let err = checker.check_as("ns-c", "c/one").await.unwrap_err();
+        let err = checker.check_as("ns-c", "c/one", &NONE).await.unwrap_err();
         assert!(
             matches!(
                 err,
@@ -322,14 +345,14 @@ async fn one_account_cannot_hold_every_slot() {
     within(async {
         let checker = Checker::new(Fake::default(), quick());
         let _opens = Opens(Arc::clone(&checker));
-        let err = checker.check("evil/slow1").await.unwrap_err();
+        let err = checker.check("evil/slow1", &NONE).await.unwrap_err();
         assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
-        let err = checker.check("evil/slow2").await.unwrap_err();
+        let err = checker.check("evil/slow2", &NONE).await.unwrap_err();
         assert!(
             matches!(&err, CheckError::TooMany { tenant: Some(t), .. } if t == "docker.io/evil"),
             "{err}"
         );
-        let err = checker.check("rocm/pytorch").await.unwrap_err();
+        let err = checker.check("rocm/pytorch", &NONE).await.unwrap_err();
         assert!(matches!(err, CheckError::StillRunning { .. }), "{err}");
     })
     .await;
@@ -347,11 +370,14 @@ fn tenants_of_images() {
 fn the_cache_keeps_the_newest_findings_and_failures_apart() {
     let mut cache = Cache::new(Duration::from_secs(600));
     for i in 0..=cache::CACHED {
-        cache.put(&Finding {
-            digest: format!("sha256:{i}"),
-            loader: Loader::Static,
-            evidence: String::new(),
-        });
+        cache.put(
+            &format!("sha256:{i}"),
+            &Finding {
+                digest: format!("sha256:{i}"),
+                loader: Loader::Static,
+                evidence: String::new(),
+            },
+        );
     }
     assert_eq!(cache.findings(), cache::CACHED);
     assert!(cache.get("sha256:0").is_none());
@@ -365,4 +391,32 @@ fn the_cache_keeps_the_newest_findings_and_failures_apart() {
         cache.get(&format!("sha256:bad{}", cache::FAILURES_CACHED)),
         Some(Err("why".to_owned()))
     );
+}
+
+/// Issue 38, F8: a pod's command is judged, not the image's entrypoint,
+/// and its answer is kept apart from the image's own: one spec's answer
+/// never serves another's.
+#[tokio::test]
+async fn a_pods_command_is_judged_and_cached_apart_from_the_image() {
+    within(async {
+        let checker = Checker::new(Fake::open(), quick());
+        let own = checker.check("alpine", &NONE).await.unwrap();
+        assert_eq!(own.loader, Loader::Musl);
+        let static_run = RunSpec {
+            command: vec!["/static".to_owned()],
+            ..RunSpec::default()
+        };
+        let other = checker.check("alpine", &static_run).await.unwrap();
+        assert_eq!(other.loader, Loader::Static, "{other:?}");
+        assert!(
+            other.evidence.contains("the pod's command /static"),
+            "{other:?}"
+        );
+        assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 2);
+        // Each answer again from the cache, neither for the other.
+        assert_eq!(checker.check("alpine", &NONE).await.unwrap(), own);
+        assert_eq!(checker.check("alpine", &static_run).await.unwrap(), other);
+        assert_eq!(checker.inspect.analyses.load(Ordering::SeqCst), 2);
+    })
+    .await;
 }

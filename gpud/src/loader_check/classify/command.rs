@@ -26,21 +26,37 @@ pub(crate) const MAX_PATH_ENTRIES: usize = 64;
 /// images; 16 KiB holds [`MAX_PATH_ENTRIES`] entries of 256 bytes.
 pub(crate) const MAX_PATH_VAR_BYTES: usize = 16 << 10;
 
-/// What the container runs, from its image config.
+/// Arguments after `argv[0]` kept: the wrappers read (`wrapper`) find their
+/// program within the first few; the rest of a long argv is not needed.
+pub(crate) const MAX_ARGS_KEPT: usize = 64;
+
+/// What the container runs: its image config, overridden by its pod spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Command {
-    /// `argv[0]`: `None` when the config has neither `Entrypoint` nor `Cmd`.
+    /// `argv[0]`: `None` when neither the pod nor the config name a program.
     pub(crate) argv0: Option<String>,
+    /// The arguments after it, at most [`MAX_ARGS_KEPT`].
+    pub(crate) args: Vec<String>,
+    /// Where argv[0] came from, for the evidence: "entrypoint" (the
+    /// image's `Entrypoint` or `Cmd`), "the pod's command" or "the pod's
+    /// args".
+    pub(crate) origin: &'static str,
     pub(crate) working_dir: String,
     pub(crate) path: String,
+    /// The pod sets `PATH` from a source the plugin cannot read: a program
+    /// without a `/` cannot be found.
+    pub(crate) path_unknown: bool,
 }
 
 impl Default for Command {
     fn default() -> Self {
         Self {
             argv0: None,
+            args: Vec::new(),
+            origin: "entrypoint",
             working_dir: "/".to_owned(),
             path: DEFAULT_PATH.to_owned(),
+            path_unknown: false,
         }
     }
 }
@@ -52,7 +68,7 @@ fn components(path: &str) -> usize {
 }
 
 /// `path` (the config's `field`) within the bytes and depth bounds.
-fn bounded_path(field: &'static str, path: &str) -> Result<(), CommandBound> {
+pub(crate) fn bounded_path(field: &'static str, path: &str) -> Result<(), CommandBound> {
     if path.len() > MAX_PATH_BYTES {
         return Err(CommandBound {
             field,

@@ -344,3 +344,80 @@ fn command_paths_are_bounded_before_any_walk() {
     };
     assert_eq!(fine.clone().bounded(), Ok(fine));
 }
+
+/// A Debian tree with a shell, tini, and a static binary in /opt.
+fn with_wrappers() -> Tree {
+    let mut t = debian(36);
+    for (p, n) in [
+        ("/usr/bin/dash", elf(Some(GLIBC_LD))),
+        ("/usr/bin/sh", link("dash")),
+        ("/usr/bin/tini", elf(Some(GLIBC_LD))),
+        ("/usr/bin/env", elf(Some(GLIBC_LD))),
+        ("/opt", Node::Dir),
+        ("/opt/static", elf(None)),
+    ] {
+        t.insert(p, n);
+    }
+    t
+}
+
+fn run_with(t: &Tree, argv: &[&str]) -> (Loader, String) {
+    let (argv0, args) = argv.split_first().expect("an argv");
+    let cmd = Command {
+        argv0: Some((*argv0).to_owned()),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        origin: "the pod's command",
+        ..Command::default()
+    };
+    classify(t, &cmd)
+}
+
+/// Issue 38, F8: a shell's `-c` line and wrappers such as tini and env are
+/// followed to the program they start; a line the shell must interpret is
+/// unknown.
+#[test]
+fn wrappers_are_followed_to_the_program_they_start() {
+    let t = with_wrappers();
+    let (loader, evidence) = run_with(&t, &["/bin/sh", "-c", "exec /opt/static --serve"]);
+    assert_eq!(loader, Loader::Static, "{evidence}");
+    assert_eq!(
+        evidence,
+        "the pod's command /bin/sh -c \"exec /opt/static --serve\", which runs /opt/static \
+         is static (no PT_INTERP)"
+    );
+    for argv in [
+        &["tini", "--", "/opt/static"][..],
+        &["env", "A=1", "/opt/static"],
+        &["sh", "-ec", "tini -- env B=2 /opt/static"],
+    ] {
+        let (loader, evidence) = run_with(&t, argv);
+        assert_eq!(loader, Loader::Static, "{argv:?}: {evidence}");
+    }
+    let (loader, _) = run_with(&t, &["sh", "-c", "true"]);
+    assert_eq!(loader, glibc(36));
+    let (loader, evidence) = run_with(&t, &["sh", "-c", "true && /opt/static"]);
+    assert!(matches!(loader, Loader::Unknown { .. }), "{evidence}");
+    assert!(
+        evidence.contains("cannot be told without running it"),
+        "{evidence}"
+    );
+    // A shell running a script is judged as the shell (its content is not read).
+    assert_eq!(run_with(&t, &["sh", "/opt/run.sh"]).0, glibc(36));
+}
+
+#[test]
+fn wrapper_chains_and_their_programs_are_bounded() {
+    let t = with_wrappers();
+    let mut argv = vec!["env"; MAX_WRAPPERS as usize + 1];
+    argv.push("/opt/static");
+    let (loader, evidence) = run_with(&t, &argv);
+    assert!(matches!(loader, Loader::Unknown { .. }), "{evidence}");
+    assert!(
+        evidence.contains("programs that each start the next"),
+        "{evidence}"
+    );
+    let deep = format!("/{}", "a/".repeat(MAX_COMPONENTS + 1));
+    let (loader, evidence) = run_with(&t, &["sh", "-c", &deep]);
+    assert!(matches!(loader, Loader::Unknown { .. }), "{evidence}");
+    assert!(evidence.contains("MAX_COMPONENTS"), "{evidence}");
+}

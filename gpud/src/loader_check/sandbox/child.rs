@@ -171,6 +171,7 @@ pub(crate) fn serve(input: impl Read + Send, output: impl Write + Send) -> io::R
         ..Limits::default()
     };
     let target: Descriptor = job.target.into();
-    let result = analyze::inspect_target(&mut source, &target, &Platform::host(), &limits);
+    let result =
+        analyze::inspect_target(&mut source, &target, &Platform::host(), &job.run, &limits);
     source.answer(verdict(result))
 }

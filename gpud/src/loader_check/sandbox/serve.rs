@@ -20,7 +20,7 @@ use super::{
     INSPECT_SUBCOMMAND, Sandbox,
     wire::{self, CHUNK, DATA, JOB, Job, LineError, Request, Verdict},
 };
-use crate::loader_check::{Descriptor, ImageSource};
+use crate::loader_check::{Descriptor, ImageSource, run::RunSpec};
 
 /// Bytes of the child's stderr kept (the rest is drained).
 const STDERR_KEPT: u64 = 4 << 10;
@@ -72,6 +72,7 @@ pub(crate) fn inspect_in_child(
     sandbox: &Sandbox,
     source: &mut dyn ImageSource,
     target: &Descriptor,
+    run: &RunSpec,
     budget: Duration,
 ) -> Result<Verdict, ChildFailure> {
     let mut child = spawn(sandbox, budget)?;
@@ -83,6 +84,7 @@ pub(crate) fn inspect_in_child(
         (Some(mut input), Some(output)) => {
             let job = Job {
                 target: target.into(),
+                run: run.clone(),
                 budget_ms: u64::try_from(budget.as_millis()).unwrap_or(u64::MAX),
             };
             let mut output = BufReader::new(output);

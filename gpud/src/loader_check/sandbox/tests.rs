@@ -18,6 +18,7 @@ use super::{
 };
 use crate::loader_check::{
     Descriptor, Loader,
+    run::RunSpec,
     testimage::{MemSource, TAR_GZIP, TarLayer, gzip},
 };
 
@@ -50,11 +51,21 @@ fn glibc_image(source: &mut MemSource) -> Descriptor {
 
 /// Runs the child's side on a thread against `serve` over socket pairs.
 fn exchange(source: &mut MemSource, target: &Descriptor) -> Result<Verdict, serve::Broke> {
+    exchange_run(source, target, RunSpec::default())
+}
+
+/// As [`exchange`], for a container started as `run` says.
+fn exchange_run(
+    source: &mut MemSource,
+    target: &Descriptor,
+    run: RunSpec,
+) -> Result<Verdict, serve::Broke> {
     let (to_child, child_in) = UnixStream::pair().expect("pair");
     let (child_out, from_child) = UnixStream::pair().expect("pair");
     let child = std::thread::spawn(move || child::serve(child_in, child_out));
     let job = Job {
         target: target.into(),
+        run,
         budget_ms: 60_000,
     };
     let mut to = to_child;
@@ -76,6 +87,25 @@ fn the_child_judges_an_image_from_what_the_parent_streams() {
         "{loader:?}"
     );
     assert!(evidence.contains("/bin/true"), "{evidence}");
+}
+
+/// The pod's way of starting the container crosses the pipe with the job
+/// (issue 38, F8): the child judges the pod's command.
+#[test]
+fn the_child_judges_the_pods_command() {
+    let mut source = MemSource::default();
+    let target = glibc_image(&mut source);
+    let run = RunSpec {
+        command: vec!["/bin/missing".to_owned()],
+        ..RunSpec::default()
+    };
+    let Verdict::Found { evidence, .. } = exchange_run(&mut source, &target, run).unwrap() else {
+        panic!("no finding");
+    };
+    assert!(
+        evidence.starts_with("the pod's command /bin/missing not found"),
+        "{evidence}"
+    );
 }
 
 #[test]
@@ -119,7 +149,13 @@ fn sh(script: &str) -> Sandbox {
 fn run(script: &str, budget: Duration) -> Result<Verdict, super::ChildFailure> {
     let mut source = MemSource::default();
     let target = glibc_image(&mut source);
-    inspect_in_child(&sh(script), &mut source, &target, budget)
+    inspect_in_child(
+        &sh(script),
+        &mut source,
+        &target,
+        &RunSpec::default(),
+        budget,
+    )
 }
 
 #[test]
@@ -209,6 +245,7 @@ fn the_child_cannot_make_amd_gpud_read_a_blob_whole() {
     wire::write_request(&mut child_out, &ask).unwrap();
     let job = Job {
         target: (&target).into(),
+        run: RunSpec::default(),
         budget_ms: 60_000,
     };
     let parent = std::thread::spawn(move || {

@@ -13,7 +13,7 @@ use std::io::{self, BufRead, Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::loader_check::{Descriptor, Loader, SourceError};
+use crate::loader_check::{Descriptor, Loader, SourceError, run::RunSpec};
 
 /// The longest line amd-gpud reads from the child.
 pub(crate) const MAX_LINE: usize = 8 << 10;
@@ -62,6 +62,10 @@ impl From<WireDescriptor> for Descriptor {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Job {
     pub target: WireDescriptor,
+    /// How the pod starts the container (bounded by amd-gpud to
+    /// `run::MAX_RUN_BYTES`, within this frame's [`MAX_SMALL_FRAME`]).
+    #[serde(default)]
+    pub run: RunSpec,
     /// Milliseconds left until the inspection's deadline.
     pub budget_ms: u64,
 }
