@@ -50,29 +50,9 @@ impl LoaderObject {
         #[zbus(header)] header: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<Answer, ApiError> {
-        let uid = auth::caller_uid(conn, &header).await;
-        let span = info_span!(
-            "dbus",
-            method = "InspectImage",
-            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
-            image = %crate::dmem::uid::excerpt(&image),
-        );
-        async {
-            let uid = uid?;
-            auth::check(uid, &self.allowed_uids, "InspectImage")
-                .inspect_err(|e| tracing::warn!("{e}"))?;
-            let found = self
-                .checker
-                .check(&image, &RunSpec::default())
-                .await
-                .map_err(|e| {
-                    tracing::info!("InspectImage: {e}");
-                    auth::for_caller(uid, api_error(&e))
-                })?;
-            Ok(answer(found))
-        }
-        .instrument(span)
-        .await
+        let image_default = RunSpec::default();
+        self.inspect("InspectImage", &header, conn, image, image_default)
+            .await
     }
 
     /// As `InspectImage`, for a container that its pod starts as `command`,
@@ -98,36 +78,15 @@ impl LoaderObject {
         #[zbus(header)] header: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<Answer, ApiError> {
-        let uid = auth::caller_uid(conn, &header).await;
-        let span = info_span!(
-            "dbus",
-            method = "InspectContainer",
-            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
-            image = %crate::dmem::uid::excerpt(&image),
-        );
-        async {
-            let uid = uid?;
-            auth::check(uid, &self.allowed_uids, "InspectContainer")
-                .inspect_err(|e| tracing::warn!("{e}"))?;
-            let run = RunSpec {
-                command,
-                args,
-                working_dir,
-                path,
-                path_unknown,
-            };
-            let run = run.bounded().map_err(|e| {
-                tracing::info!("InspectContainer: {e}");
-                auth::for_caller(uid, ApiError::InvalidArgument(e.to_string()))
-            })?;
-            let found = self.checker.check(&image, &run).await.map_err(|e| {
-                tracing::info!("InspectContainer: {e}");
-                auth::for_caller(uid, api_error(&e))
-            })?;
-            Ok(answer(found))
-        }
-        .instrument(span)
-        .await
+        let run = RunSpec {
+            command,
+            args,
+            working_dir,
+            path,
+            path_unknown,
+        };
+        self.inspect("InspectContainer", &header, conn, image, run)
+            .await
     }
 
     /// Creates the directory the plugin's Allocate mounted for a
@@ -175,6 +134,44 @@ impl LoaderObject {
                 tracing::warn!("StageMemoryHook: {e:?}");
                 auth::for_caller(uid, e)
             })
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+impl LoaderObject {
+    /// `InspectImage` and `InspectContainer` (`method`): the caller's UID
+    /// checked, `run` bounded (only bounded: the inspector child reads
+    /// it), then the check's answer or its typed error.
+    async fn inspect(
+        &self,
+        method: &'static str,
+        header: &Header<'_>,
+        conn: &Connection,
+        image: String,
+        run: RunSpec,
+    ) -> Result<Answer, ApiError> {
+        let uid = auth::caller_uid(conn, header).await;
+        let span = info_span!(
+            "dbus",
+            method,
+            caller_uid = uid.as_ref().map_or(-1, |u| i64::from(*u)),
+            image = %crate::dmem::uid::excerpt(&image),
+            from_pod = !run.is_image_default(),
+        );
+        async {
+            let uid = uid?;
+            auth::check(uid, &self.allowed_uids, method).inspect_err(|e| tracing::warn!("{e}"))?;
+            let run = run.bounded().map_err(|e| {
+                tracing::info!("{method}: {e}");
+                auth::for_caller(uid, ApiError::InvalidArgument(e.to_string()))
+            })?;
+            let found = self.checker.check(&image, &run).await.map_err(|e| {
+                tracing::info!("{method}: {e}");
+                auth::for_caller(uid, api_error(&e))
+            })?;
+            Ok(answer(found))
         }
         .instrument(span)
         .await

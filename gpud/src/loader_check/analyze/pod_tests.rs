@@ -8,6 +8,15 @@ use super::*;
 use crate::loader_check::testimage::{MemSource, TAR, TAR_GZIP, TarLayer, gzip};
 use crate::loader_check::{Loader, run::RunSpec};
 
+/// A Debian image with the host's static busybox at /opt/static.
+fn with_static(s: &mut MemSource, config: &serde_json::Value) -> Descriptor {
+    let opt = TarLayer::new()
+        .dir("./opt/")
+        .host_file("./opt/static", 0o755, BUSYBOX)
+        .finish();
+    s.image(config, vec![(TAR_GZIP, gzip(&debian_base())), (TAR, opt)])
+}
+
 /// Issue 38, F8: a pod's `command` (and `args`, `workingDir`, `PATH`)
 /// decide the program that runs; the image's entrypoint is judged only
 /// when the pod leaves it in place. Before, a glibc image whose pod ran a
@@ -15,14 +24,7 @@ use crate::loader_check::{Loader, run::RunSpec};
 #[test]
 fn the_pods_command_is_judged_not_the_images_entrypoint() {
     let mut s = MemSource::default();
-    let opt = TarLayer::new()
-        .dir("./opt/")
-        .host_file("./opt/static", 0o755, BUSYBOX)
-        .finish();
-    let target = s.image(
-        &json!({"Entrypoint": ["/bin/true"], "Cmd": ["-x"]}),
-        vec![(TAR_GZIP, gzip(&debian_base())), (TAR, opt)],
-    );
+    let target = with_static(&mut s, &json!({"Entrypoint": ["/bin/true"], "Cmd": ["-x"]}));
     let judged = |s: &mut MemSource, run: RunSpec| {
         inspect_target(s, &target, &host(), &run, &Limits::default()).unwrap()
     };
@@ -82,14 +84,7 @@ fn the_pods_command_is_judged_not_the_images_entrypoint() {
 #[test]
 fn args_name_the_program_of_an_image_without_an_entrypoint() {
     let mut s = MemSource::default();
-    let opt = TarLayer::new()
-        .dir("./opt/")
-        .host_file("./opt/static", 0o755, BUSYBOX)
-        .finish();
-    let target = s.image(
-        &json!({"Cmd": ["/bin/true"]}),
-        vec![(TAR_GZIP, gzip(&debian_base())), (TAR, opt)],
-    );
+    let target = with_static(&mut s, &json!({"Cmd": ["/bin/true"]}));
     let run = RunSpec {
         args: vec!["/opt/static".to_owned(), "sh".to_owned()],
         ..RunSpec::default()
