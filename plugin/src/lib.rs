@@ -91,7 +91,11 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let decoder = decoder_thread().context("starting the watch thread")?;
-    runtime.block_on(serve(cli, kube_config, decoder))?;
+    let served = runtime.block_on(serve(cli, kube_config, decoder));
+    // Bounded, so that the error below is printed even when a task's drop
+    // or a blocking call would hold the runtime's shutdown for ever.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

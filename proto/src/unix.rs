@@ -83,7 +83,7 @@ pub fn bind_fresh(path: &Path) -> io::Result<UnixListener> {
     };
     match fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
-            fs::remove_file(path).map_err(|e| with_path("removing stale socket", e))?;
+            remove_stale_socket(path).map_err(|e| with_path("removing stale socket", e))?;
         }
         Ok(meta) => {
             return Err(io::Error::new(
@@ -99,6 +99,17 @@ pub fn bind_fresh(path: &Path) -> io::Result<UnixListener> {
         Err(e) => return Err(with_path("inspecting", e)),
     }
     UnixListener::bind(path).map_err(|e| with_path("binding socket", e))
+}
+
+/// Unlinks a stale socket; one already gone is what was wanted. Kubelet
+/// removes every socket in its directory as it starts, and it can do so
+/// between our look at the path and the unlink: that must not fail the
+/// bind (the plugin then stopped re-registering after a kubelet restart).
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// Human name of a non-socket file type, for errors.

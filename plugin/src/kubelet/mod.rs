@@ -87,12 +87,29 @@ pub(crate) async fn run(
         .to_owned();
     tokio::pin!(shutdown);
     let mut generation = 0_u64;
+    let mut failed_binds = 0_u32;
     loop {
         generation += 1;
         let span = info_span!("kubelet", generation);
-        let ended = serve_once(&config, &endpoint, devices.clone(), &mut shutdown)
+        let ended = match serve_once(&config, &endpoint, devices.clone(), &mut shutdown)
             .instrument(span)
-            .await?;
+            .await
+        {
+            Ok(ended) => ended,
+            // The first bind's failure is the setup's (a directory we may
+            // not write): the pod's error says so. After a kubelet restart
+            // it may be kubelet's clean-up racing ours: try again a while.
+            Err(err) if generation > 1 && failed_binds < REBIND_ATTEMPTS => {
+                failed_binds += 1;
+                warn!("{err}; binding again in {REBIND_PAUSE:?} (attempt {failed_binds})");
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    () = tokio::time::sleep(REBIND_PAUSE) => continue,
+                }
+            }
+            Err(err) => return Err(err),
+        };
+        failed_binds = 0;
         if ended == Ended::Shutdown {
             let _ = std::fs::remove_file(&config.socket);
             info!("stopped serving kubelet");
@@ -100,6 +117,12 @@ pub(crate) async fn run(
         }
     }
 }
+
+/// How often, and how far apart, binding the plugin socket is tried again
+/// after a kubelet restart before the plugin gives up (and kubelet restarts
+/// its container).
+const REBIND_ATTEMPTS: u32 = 10;
+const REBIND_PAUSE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Ended {

@@ -279,6 +279,21 @@ async fn bind_fresh_replaces_a_stale_socket() {
     .await;
 }
 
+/// Kubelet's start-up cleanup can unlink the stale socket after
+/// `bind_fresh` saw it and before it unlinks it: the socket is gone, which
+/// is what the unlink was for. Before, that was "removing stale socket
+/// ...: No such file or directory" and the plugin's kubelet loop ended.
+#[test]
+fn a_stale_socket_someone_else_removed_first_is_fine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("std bind"));
+    fs::remove_file(&path).expect("kubelet's cleanup");
+    remove_stale_socket(&path).expect("already gone is fine");
+    let in_a_missing_dir = dir.path().join("gone").join("stale.sock");
+    remove_stale_socket(&in_a_missing_dir).expect("so is a directory that is gone");
+}
+
 #[tokio::test]
 async fn bind_fresh_refuses_a_regular_file_and_a_directory() {
     within(async {
