@@ -364,7 +364,7 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     match run(cli, helper, &mut io::stdout().lock()) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("amd-gpud: {err:#}");
+            eprintln!("amd-gpud: {}", ipc::report::one_line(err.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -460,7 +460,10 @@ fn restore_check_command(args: &RestoreCheckArgs, out: &mut dyn Write) -> ExitCo
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(err) => {
-            eprintln!("amd-gpud restore-check: {err:#}");
+            eprintln!(
+                "amd-gpud restore-check: {}",
+                ipc::report::one_line(err.as_ref())
+            );
             ExitCode::from(2)
         }
     }

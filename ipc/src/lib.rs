@@ -13,6 +13,7 @@
 pub mod error;
 pub mod names;
 pub mod proxy;
+pub mod report;
 pub mod table;
 pub mod types;
 pub mod usage;

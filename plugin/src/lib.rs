@@ -61,7 +61,7 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("amd-device-plugin: {err:#}");
+            eprintln!("amd-device-plugin: {}", ipc::report::one_line(err.as_ref()));
             ExitCode::FAILURE
         }
     }
