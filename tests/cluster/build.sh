@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes components the cluster tests run (etcd embedded
-# in a main of ours, kube-apiserver, kube-scheduler and kubelet from
+# in a main of ours, kube-apiserver, kube-scheduler, kube-controller-manager
+# (run with the DaemonSet controller alone) and kubelet from
 # k8s.io/kubernetes at the version go.mod pins, kubelet-oldest from the
 # oldest supported minor kubelet-skew/go.mod pins, and recording-cri, the
 # container runtime of ours kubelet talks to) and render-chart (Helm's library, a module of
@@ -20,7 +21,8 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=readonly
 key="$( { go version; cat build.sh; find . -name go.mod -o -name go.sum -o -name '*.go' | sort | xargs cat; } | sha256sum | cut -c1-16)"
 root="${AMDGPU_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amd-gpu-cluster}"
 out="$root/$key"
-components=(etcd kube-apiserver kube-scheduler kubelet kubelet-oldest recording-cri render-chart)
+components=(etcd kube-apiserver kube-scheduler kube-controller-manager kubelet kubelet-oldest
+    recording-cri render-chart)
 
 complete() {
     for c in "${components[@]}"; do [ -x "$out/bin/$c" ] || return 1; done
@@ -51,7 +53,8 @@ stamp() {
 ldflags="$(stamp)"
 go build -trimpath -ldflags "$ldflags" -o "$staging/bin/" \
     ./cmd/etcd ./cmd/recording-cri k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet >&2
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kubelet >&2
 (cd kubelet-skew && go build -trimpath -ldflags "$(stamp)" -o "$staging/bin/kubelet-oldest" \
     k8s.io/kubernetes/cmd/kubelet >&2)
 (cd render-chart && go build -trimpath -ldflags "-s -w" -o "$staging/bin/render-chart" . >&2)

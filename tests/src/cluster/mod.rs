@@ -8,10 +8,12 @@
 //! PodSecurity admission plugin (ValidatingAdmissionPolicy is on by default),
 //! its own self-signed serving certificate, a service-account key pair made
 //! with `openssl`, static bearer tokens and an audit log of every request;
-//! kube-scheduler with a configuration file. Every process is killed when
-//! the cluster is dropped.
+//! kube-scheduler with a configuration file; on request kube-controller-manager
+//! with its DaemonSet and node lifecycle controllers (`controllers.rs`).
+//! Every process is killed when the cluster is dropped.
 
 pub mod chart;
+mod controllers;
 mod files;
 pub mod hami;
 pub mod kubelet;
@@ -118,7 +120,8 @@ impl RealCluster {
         Ok(cluster)
     }
 
-    /// What kube-controller-manager (not run) puts in each namespace: the
+    /// What kube-controller-manager's ServiceAccount and root CA publisher
+    /// controllers (never run here) put in each namespace: the
     /// `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap that
     /// every pod's projected API token volume mounts (kubelet does not start
     /// a pod without it).
