@@ -91,6 +91,8 @@ pub struct RealKubelet {
     bin: PathBuf,
     version: KubeletVersion,
     args: Vec<String>,
+    /// recording-cri's arguments beyond its endpoint, directory and record.
+    runtime_args: Vec<String>,
     dir: TempDir,
 }
 
@@ -123,6 +125,20 @@ impl RealKubelet {
         version: KubeletVersion,
         node: &str,
     ) -> io::Result<Self> {
+        Self::start_node_with_runtime(cluster, version, node, &[])
+    }
+
+    /// [`Self::start_node`] with `runtime_args` added to recording-cri's
+    /// (`-pod-ip`, `-exit-at-start`: see `tests/cluster/cmd/recording-cri`).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_node_with_runtime(
+        cluster: &RealCluster,
+        version: KubeletVersion,
+        node: &str,
+        runtime_args: &[&str],
+    ) -> io::Result<Self> {
         // The mount point of every kubelet's own device-plugin directory.
         fs::create_dir_all(KUBELET_DEVICE_PLUGIN_DIR)?;
         let dir = tempfile::Builder::new()
@@ -145,6 +161,7 @@ impl RealKubelet {
             bin: cluster.bin().to_owned(),
             version,
             args: Vec::new(),
+            runtime_args: runtime_args.iter().map(|&a| a.to_owned()).collect(),
             dir,
         };
         let cri = kubelet.spawn("recording-cri", "recording-cri", &kubelet.cri_args())?;
@@ -239,14 +256,16 @@ impl RealKubelet {
 
     fn cri_args(&self) -> Vec<String> {
         let dir = self.dir.path();
-        vec![
+        let mut args = vec![
             "-endpoint".into(),
             format!("unix://{}", dir.join("cri.sock").display()),
             "-dir".into(),
             dir.join("cri").display().to_string(),
             "-record".into(),
             dir.join("cri-requests.jsonl").display().to_string(),
-        ]
+        ];
+        args.extend(self.runtime_args.iter().cloned());
+        args
     }
 
     /// Runs `exe` of the built binaries, logging to `<name>.log`.

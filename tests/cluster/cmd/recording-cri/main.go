@@ -18,13 +18,23 @@
 // finds at its next relist. Tests hold an init container this way, so that
 // kubelet has admitted the pod (and allocated its app containers' devices)
 // but starts the app containers, and calls their device plugins'
-// PreStartContainer, only when the test creates the file.
+// PreStartContainer, only when the test creates the file. A container whose
+// name is in -exit-at-start exits 0 as soon as it is started: an init
+// container that does its work and ends (the chart's hook installer), so
+// that kubelet goes on to the pod's app containers.
+//
+// -pod-ip sets the address every pod sandbox reports (the in-memory
+// runtime's FakePodSandboxIPs, 192.168.192.168 by default): kubelet probes a
+// pod's HTTP readiness and liveness endpoints there, so a test that gives
+// each node a loopback address of its own (127.0.0.N) and serves the probes
+// there has kubelet judge a real process's answers.
 package main
 
 import (
 	"context"
 	"flag"
 	"log"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -38,6 +48,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	apitest "k8s.io/cri-api/pkg/apis/testing"
 	"k8s.io/cri-client/pkg/fake"
 	"k8s.io/cri-client/pkg/util"
 )
@@ -49,8 +60,11 @@ type runtime struct {
 	mu     sync.Mutex
 	record *os.File
 	// exitOn holds, by container ID, the RECORDING_CRI_EXIT_ON path of each
-	// created container that set one (guarded by mu).
+	// created container that set one, or "" for a container named in
+	// exitAtStart (guarded by mu).
 	exitOn map[string]string
+	// exitAtStart names the containers that exit as soon as they start.
+	exitAtStart map[string]bool
 }
 
 // exitOnEnv names the file whose existence ends a container (see above).
@@ -101,6 +115,11 @@ func (r *runtime) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		c.LogPath = path
 	}
 	s.Unlock()
+	if r.exitAtStart[req.GetConfig().GetMetadata().GetName()] {
+		r.mu.Lock()
+		r.exitOn[resp.ContainerId] = ""
+		r.mu.Unlock()
+	}
 	for _, env := range req.GetConfig().GetEnvs() {
 		if value := strings.TrimSpace(string(env.GetValue())); env.GetKey() == exitOnEnv && value != "" {
 			r.mu.Lock()
@@ -128,9 +147,10 @@ func (r *runtime) StartContainer(ctx context.Context, req *runtimeapi.StartConta
 }
 
 // exitWhenExists marks container id exited with code 0 once path exists
-// (polled every 50 ms), unless it was removed or stopped before.
+// (polled every 50 ms; at once when path is ""), unless it was removed or
+// stopped before.
 func (r *runtime) exitWhenExists(id, path string) {
-	for {
+	for path != "" {
 		if _, err := os.Stat(path); err == nil {
 			break
 		}
@@ -147,15 +167,20 @@ func (r *runtime) exitWhenExists(id, path string) {
 	c.FinishedAt = time.Now().UnixNano()
 	c.ExitCode = 0
 	c.Reason = "Completed"
-	log.Printf("recording-cri: container %s exited: %s exists", id, path)
+	if path == "" {
+		log.Printf("recording-cri: container %s exited: it exits at start", id)
+	} else {
+		log.Printf("recording-cri: container %s exited: %s exists", id, path)
+	}
 }
 
-func newRuntime(imageFs, logDir string, record *os.File) *runtime {
+func newRuntime(imageFs, logDir string, record *os.File, exitAtStart map[string]bool) *runtime {
 	r := &runtime{
 		RemoteRuntime: fake.NewFakeRemoteRuntime(),
 		logDir:        logDir,
 		record:        record,
 		exitOn:        map[string]string{},
+		exitAtStart:   exitAtStart,
 	}
 	r.RuntimeService.FakeLinuxConfiguration = &runtimeapi.LinuxRuntimeConfiguration{
 		CgroupDriver: runtimeapi.CgroupDriver_CGROUPFS,
@@ -180,9 +205,23 @@ func main() {
 	endpoint := flag.String("endpoint", "", "the unix:// endpoint to serve")
 	dir := flag.String("dir", "", "a scratch directory: image filesystem and container logs")
 	recordPath := flag.String("record", "", "the file the requests are appended to")
+	podIP := flag.String("pod-ip", "", "the IP address every pod sandbox reports (default: the in-memory runtime's)")
+	exitAtStart := flag.String("exit-at-start", "", "comma-separated container names that exit 0 as soon as they start")
 	flag.Parse()
 	if *endpoint == "" || *dir == "" || *recordPath == "" {
 		log.Fatal("recording-cri: -endpoint, -dir and -record are required")
+	}
+	if *podIP != "" {
+		if net.ParseIP(*podIP) == nil {
+			log.Fatalf("recording-cri: -pod-ip %q is not an IP address", *podIP)
+		}
+		apitest.FakePodSandboxIPs = []string{*podIP}
+	}
+	exiting := map[string]bool{}
+	for _, name := range strings.Split(*exitAtStart, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			exiting[name] = true
+		}
 	}
 	logDir := filepath.Join(*dir, "container-logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -192,7 +231,7 @@ func main() {
 	if err != nil {
 		log.Fatalf("recording-cri: opening the record %s: %v", *recordPath, err)
 	}
-	r := newRuntime(*dir, logDir, record)
+	r := newRuntime(*dir, logDir, record, exiting)
 	listener, err := util.CreateListener(*endpoint)
 	if err != nil {
 		log.Fatalf("recording-cri: listening on %s: %v", *endpoint, err)
