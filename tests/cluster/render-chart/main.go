@@ -3,10 +3,17 @@
 // chart ships: every manifest for a release name and namespace, the chart's
 // values overlaid with values files and JSON values, for a given Kubernetes
 // version, printed as one YAML stream (NOTES.txt left out).
+//
+// With -kubeconfig it instead does what `helm upgrade --install --wait` does
+// against that cluster (cmd/helm/upgrade.go in helm/helm: install when the
+// release has no history, else upgrade; then Helm's own wait for every
+// object the release made ready, up to -timeout), logs Helm's progress on
+// standard error and prints the release's name, revision and status.
 package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -14,10 +21,16 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"time"
 
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/release"
+	"helm.sh/helm/v3/pkg/storage/driver"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 )
 
 // repeated collects a flag given several times.
@@ -69,11 +82,47 @@ func userValues(files, sets []string) (map[string]interface{}, error) {
 	return values, nil
 }
 
+// upgradeInstall is `helm upgrade --install --wait --timeout timeout` of
+// chrt with values as release name in namespace, on the cluster kubeconfig
+// names, with Helm's default storage (Secrets).
+func upgradeInstall(kubeconfig, name, namespace string, chrt *chart.Chart, values map[string]interface{}, timeout time.Duration) (*release.Release, error) {
+	flags := genericclioptions.NewConfigFlags(true)
+	flags.KubeConfig = &kubeconfig
+	flags.Namespace = &namespace
+	cfg := new(action.Configuration)
+	if err := cfg.Init(flags, namespace, "secret", log.Printf); err != nil {
+		return nil, fmt.Errorf("the cluster of %s: %w", kubeconfig, err)
+	}
+	history := action.NewHistory(cfg)
+	history.Max = 1
+	versions, err := history.Run(name)
+	uninstalled := len(versions) > 0 && versions[len(versions)-1].Info.Status == release.StatusUninstalled
+	if errors.Is(err, driver.ErrReleaseNotFound) || uninstalled {
+		log.Printf("render-chart: release %q does not exist, installing it", name)
+		install := action.NewInstall(cfg)
+		install.ReleaseName = name
+		install.Namespace = namespace
+		install.Wait = true
+		install.Timeout = timeout
+		return install.Run(chrt, values)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the history of release %q: %w", name, err)
+	}
+	upgrade := action.NewUpgrade(cfg)
+	upgrade.Namespace = namespace
+	upgrade.Wait = true
+	upgrade.Timeout = timeout
+	return upgrade.Run(name, chrt, values)
+}
+
 func main() {
 	chartDir := flag.String("chart", "", "the chart's directory (required)")
 	name := flag.String("name", "amd-gpu", "the release name")
 	namespace := flag.String("namespace", "kube-system", "the release namespace")
 	kubeVersion := flag.String("kube-version", "v1.36.3", "the cluster's Kubernetes version")
+	kubeconfig := flag.String("kubeconfig", "", "upgrade --install --wait on this cluster instead of printing")
+	timeout := flag.Duration("timeout", 5*time.Minute, "with -kubeconfig: how long Helm waits for the release to be ready")
 	var files, sets repeated
 	flag.Var(&files, "values", "a values file (repeatable; later ones win)")
 	flag.Var(&sets, "set-json", "KEY=JSON, KEY a dotted path (repeatable; after the files)")
@@ -88,6 +137,14 @@ func main() {
 	values, err := userValues(files, sets)
 	if err != nil {
 		log.Fatalf("render-chart: %v", err)
+	}
+	if *kubeconfig != "" {
+		rel, err := upgradeInstall(*kubeconfig, *name, *namespace, chart, values, *timeout)
+		if err != nil {
+			log.Fatalf("render-chart: upgrade --install %s: %v", *name, err)
+		}
+		fmt.Printf("release %s revision %d %s\n", rel.Name, rel.Version, rel.Info.Status)
+		return
 	}
 	version, err := chartutil.ParseKubeVersion(*kubeVersion)
 	if err != nil {

@@ -53,6 +53,44 @@ pub fn render_in(namespace: &str, set_json: &[(&str, &str)]) -> io::Result<Vec<V
     Ok(objects)
 }
 
+/// `helm upgrade --install --wait --timeout <timeout>` of the chart as
+/// [`RELEASE`] in [`NAMESPACE`] on `cluster`, as the administrator, with the
+/// default values overlaid with `set_json`, through Helm's own library
+/// (`render-chart -kubeconfig`): what it printed (`release amd-gpu revision
+/// N deployed`), once Helm's wait said every object is ready.
+///
+/// # Errors
+/// When the renderer cannot be built or run, or Helm fails or times out
+/// (the message carries Helm's log).
+pub fn upgrade_install(
+    cluster: &RealCluster,
+    set_json: &[(&str, &str)],
+    timeout: std::time::Duration,
+) -> io::Result<String> {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/amd-gpu");
+    let kubeconfig = cluster.kubeconfig("helm", ADMIN_TOKEN)?;
+    let mut cmd = Command::new(binaries()?.join("render-chart"));
+    cmd.arg("--chart")
+        .arg(&chart)
+        .args(["--name", RELEASE, "--namespace", NAMESPACE])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg(format!("--timeout={}s", timeout.as_secs()));
+    for (key, value) in set_json {
+        cmd.arg("--set-json").arg(format!("{key}={value}"));
+    }
+    let out = cmd.output()?;
+    let printed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "helm upgrade --install {RELEASE} ({}): {printed}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(printed)
+}
+
 /// The REST collection of `object` (its group, version, namespace and the
 /// plural of its kind).
 pub fn collection(object: &Value) -> io::Result<String> {
