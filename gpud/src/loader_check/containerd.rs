@@ -18,7 +18,6 @@
 mod blob;
 
 use std::{
-    error::Error as _,
     future::Future,
     io,
     path::{Path, PathBuf},
@@ -351,17 +350,11 @@ fn io_cause<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a io::Er
     None
 }
 
-/// `err` and its sources, joined by ": " (tonic's transport error alone only
-/// says "transport error"; the errno text is further down).
+/// `err` and its sources on one line, each said once, cut to
+/// [`MAX_WHY_LEN`] (tonic's transport error alone only says "transport
+/// error"; the errno text is further down).
 fn error_chain(err: &tonic::transport::Error) -> String {
-    let mut out = err.to_string();
-    let mut cause = err.source();
-    while let Some(err) = cause {
-        out.push_str(": ");
-        out.push_str(&err.to_string());
-        cause = err.source();
-    }
-    bounded(&out)
+    bounded(&ipc::report::one_line(err))
 }
 
 /// `text` cut to [`MAX_WHY_LEN`] bytes at a character boundary.
