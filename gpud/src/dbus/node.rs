@@ -80,7 +80,7 @@ impl NodeObject {
             let state = self.service.rescan(Origin::Caller).await;
             state
                 .map(|s| s.generation())
-                .map_err(|e| ApiError::Failed(format!("{e:#}")))
+                .map_err(|e| ApiError::Failed(ipc::report::one_line(&e)))
         }
         .instrument(span)
         .await
