@@ -200,6 +200,7 @@ pub(crate) async fn serve(
         vram: side.as_ref().map(|s| s.vram.clone()),
         loader: side.as_ref().and_then(|s| s.loader.clone()),
         metrics,
+        rebind: kubelet::Rebind::default(),
     };
     let served = kubelet::run(config, devices, shutdown_signal()?).await;
     stop.send_replace(true);

@@ -47,12 +47,33 @@ pub(crate) struct KubeletConfig {
     pub(crate) loader: Option<Arc<crate::loader::LoaderCheck>>,
     /// Allocate metrics and the registration state.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// Binding again after a kubelet restart; tests shorten it.
+    pub(crate) rebind: Rebind,
 }
 
 impl KubeletConfig {
     /// Whether kubelet must call PreStartContainer now.
     pub(crate) fn pre_start_required(&self) -> bool {
         self.loader.is_some() || self.vram.as_ref().is_some_and(|v| v.pre_start_required())
+    }
+}
+
+/// How often, and how far apart, binding the plugin socket is tried again
+/// after a kubelet restart before the plugin gives up (and kubelet restarts
+/// its container).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rebind {
+    pub(crate) attempts: u32,
+    pub(crate) pause: Duration,
+}
+
+impl Default for Rebind {
+    /// Ten attempts a second apart.
+    fn default() -> Self {
+        Self {
+            attempts: 10,
+            pause: Duration::from_secs(1),
+        }
     }
 }
 
@@ -99,12 +120,13 @@ pub(crate) async fn run(
             // The first bind's failure is the setup's (a directory we may
             // not write): the pod's error says so. After a kubelet restart
             // it may be kubelet's clean-up racing ours: try again a while.
-            Err(err) if generation > 1 && failed_binds < REBIND_ATTEMPTS => {
+            Err(err) if generation > 1 && failed_binds < config.rebind.attempts => {
                 failed_binds += 1;
-                warn!("{err}; binding again in {REBIND_PAUSE:?} (attempt {failed_binds})");
+                let pause = config.rebind.pause;
+                warn!("{err}; binding again in {pause:?} (attempt {failed_binds})");
                 tokio::select! {
                     () = &mut shutdown => return Ok(()),
-                    () = tokio::time::sleep(REBIND_PAUSE) => continue,
+                    () = tokio::time::sleep(pause) => continue,
                 }
             }
             Err(err) => return Err(err),
@@ -117,12 +139,6 @@ pub(crate) async fn run(
         }
     }
 }
-
-/// How often, and how far apart, binding the plugin socket is tried again
-/// after a kubelet restart before the plugin gives up (and kubelet restarts
-/// its container).
-const REBIND_ATTEMPTS: u32 = 10;
-const REBIND_PAUSE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, PartialEq, Eq)]
 enum Ended {
@@ -264,25 +280,4 @@ async fn wait_for_kubelet(kubelet_socket: &Path) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_socket_gone_before_we_looked_is_not_ours() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("amd.com_gpu.sock");
-        assert!(!still_ours(&path, identity(&path)));
-    }
-
-    #[test]
-    fn a_deleted_socket_is_not_ours() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("amd.com_gpu.sock");
-        let first = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        let ours = identity(&path);
-        assert!(still_ours(&path, ours));
-        drop(first);
-        std::fs::remove_file(&path).unwrap();
-        assert!(!still_ours(&path, ours));
-    }
-}
+mod tests;
