@@ -9,6 +9,7 @@
 //! task ends), so systemd restarts it.
 
 mod auth;
+mod bounded;
 mod loader;
 mod node;
 mod objects;
@@ -148,12 +149,13 @@ async fn connect(
     node: NodeObject,
     loader: loader::LoaderObject,
 ) -> Result<Connection, ServeError> {
-    let (builder, target) = match bus {
-        BusTarget::System => (Builder::system(), "the system bus".to_owned()),
-        BusTarget::Address(address) => (Builder::address(address.as_str()), address.clone()),
+    let target = match bus {
+        BusTarget::System => "the system bus".to_owned(),
+        BusTarget::Address(address) => address.clone(),
     };
     let built = async {
-        builder?
+        let stream = bus_stream(bus).await?;
+        Builder::socket(bounded::bounded_socket(stream, bounded::MAX_INCOMING))
             .serve_at(ROOT_PATH, ObjectManager)?
             .serve_at(ROOT_PATH, node)?
             .serve_at(ROOT_PATH, loader)?
@@ -164,6 +166,37 @@ async fn connect(
         target,
         source: Box::new(source),
     })
+}
+
+/// A connected stream to the bus `bus` names (zbus's own parsing of the
+/// address and of `DBUS_SYSTEM_BUS_ADDRESS`): amd-gpud connects itself, so
+/// that the connection's read side is [`bounded`]. A unix socket path or an
+/// abstract name; any other transport is refused, naming it.
+async fn bus_stream(bus: &BusTarget) -> zbus::Result<tokio::net::UnixStream> {
+    use zbus::address::{Address, Transport, transport::UnixSocket};
+    let address = match bus {
+        BusTarget::System => Address::system()?,
+        BusTarget::Address(text) => text.parse::<Address>()?,
+    };
+    let unsupported = || {
+        zbus::Error::Address(format!(
+            "amd-gpud reaches its bus through a unix socket (unix:path= or unix:abstract=), not {address}"
+        ))
+    };
+    let Transport::Unix(unix) = address.transport() else {
+        return Err(unsupported());
+    };
+    match unix.path() {
+        UnixSocket::File(path) => Ok(tokio::net::UnixStream::connect(path).await?),
+        UnixSocket::Abstract(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            let name = std::os::unix::net::SocketAddr::from_abstract_name(name.as_encoded_bytes())?;
+            let stream = std::os::unix::net::UnixStream::connect_addr(&name)?;
+            stream.set_nonblocking(true)?;
+            Ok(tokio::net::UnixStream::from_std(stream)?)
+        }
+        _ => Err(unsupported()),
+    }
 }
 
 /// The loader object of `config`; containerd is reached through this
