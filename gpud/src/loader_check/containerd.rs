@@ -301,11 +301,17 @@ fn too_large(desc: &Descriptor, size: u64, max: u64) -> Result<(), SourceError> 
 ///
 /// A connection that breaks under a call surfaces as `Unavailable` with the
 /// socket error inside, or, when the transport notices first, as a bare
-/// `Cancelled` or `Unavailable`; for those the socket is tried once more so
-/// that "containerd is gone" is told apart from a call that failed.
+/// `Cancelled` or `Unavailable`, or as `Unknown` "transport error" (tonic's
+/// code for a connection error it does not classify; seen in CI when
+/// containerd was killed under an open channel); for those the socket is
+/// tried once more so that "containerd is gone" is told apart from a call
+/// that failed.
 fn status_error(socket: &Path, call: &'static str, status: &Status) -> SourceError {
     let why = format!("{:?}: {}", status.code(), bounded(status.message()));
-    if matches!(status.code(), Code::Unavailable | Code::Cancelled) {
+    if matches!(
+        status.code(),
+        Code::Unavailable | Code::Cancelled | Code::Unknown
+    ) {
         let gone = io_cause(status)
             .filter(|io| runtime_absent(io))
             .map(io::Error::to_string)

@@ -90,7 +90,7 @@ fn a_broken_call_is_no_runtime_only_when_the_socket_refuses() {
     let socket = dir.path().join("containerd.sock");
     // A socket file left behind by a dead containerd: connection refused.
     drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
-    for code in [Code::Cancelled, Code::Unavailable] {
+    for code in [Code::Cancelled, Code::Unavailable, Code::Unknown] {
         let status = Status::new(code, "operation was canceled");
         let SourceError::NoRuntime { socket: got, why } =
             status_error(&socket, "Images.Get", &status)
@@ -104,7 +104,12 @@ fn a_broken_call_is_no_runtime_only_when_the_socket_refuses() {
     let _listening =
         std::os::unix::net::UnixListener::bind(dir.path().join("live.sock")).expect("bind");
     let live = dir.path().join("live.sock");
-    for code in [Code::Cancelled, Code::Unavailable, Code::Internal] {
+    for code in [
+        Code::Cancelled,
+        Code::Unavailable,
+        Code::Unknown,
+        Code::Internal,
+    ] {
         let status = Status::new(code, "operation was canceled");
         let err = status_error(&live, "Images.Get", &status);
         assert!(
