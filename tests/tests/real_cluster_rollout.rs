@@ -6,8 +6,8 @@
 //! are moved into the test's scratch directories.
 //!
 //! The node's runtime (recording-cri) runs no container: the chart's hook
-//! installer "exits" at its start, and every pod of the node reports the
-//! loopback address [`POD_IP`], where the test runs a real plugin with no
+//! installer "exits" at its start, and every pod of the node reports a
+//! loopback address of its own, where the test runs a real plugin with no
 //! amd-gpud on its bus and its probe listener on the chart's probe port. So
 //! kubelet's readiness probe of the DaemonSet's pod is answered by the
 //! plugin's own `/readyz`: the rollout finishes only because a plugin on a
@@ -38,12 +38,11 @@ use tests::{
         chart::{self, NAMESPACE},
         kubelet::{KubeletVersion, RealKubelet},
     },
+    node_sim::monitor::Monitor,
     stack::{self, Process},
 };
 
 const NODE: &str = "cpu-node";
-/// The address every pod on [`NODE`] reports; not one other tests use.
-const POD_IP: &str = "127.0.0.137";
 /// How long Helm may wait, and the test for a rollout.
 const ROLLOUT: Duration = Duration::from_secs(180);
 
@@ -161,7 +160,7 @@ async fn wait_rolled_out(cluster: &RealCluster, name: &str, generation: &str) ->
 /// The plugin of the CPU node: no Kubernetes API, no amd-gpud on `bus`, its
 /// probes where kubelet asks the pod's.
 fn cpu_node_plugin(bus: &PrivateBus, kubelet: &RealKubelet, probes: SocketAddr) -> Process {
-    let metrics = format!("{POD_IP}:{}", stack::free_port().unwrap());
+    let metrics = SocketAddr::new(probes.ip(), stack::free_port().unwrap()).to_string();
     let extra = [
         "--node-name",
         NODE,
@@ -190,14 +189,17 @@ fn upgrade_install_waits_rolls_through_and_follows_the_plugins_readiness() {
         let mut cluster = RealCluster::start_for_nodes(&[NODE]).unwrap();
         cluster.start_controllers().unwrap();
         let bus = PrivateBus::start(Policy::Shipped).unwrap();
-        let runtime = ["-pod-ip", POD_IP, "-exit-at-start", "hook-installer"];
+        // A loopback address no other test or node-sim node holds meanwhile.
+        let address = Monitor::claim().unwrap();
+        let pod_ip = address.address.ip().to_string();
+        let runtime = ["-pod-ip", &pod_ip, "-exit-at-start", "hook-installer"];
         let kubelet =
             RealKubelet::start_node_with_runtime(&cluster, KubeletVersion::Pinned, NODE, &runtime)
                 .unwrap();
         let hook = tempfile::tempdir().unwrap();
         let mut set = values(&kubelet, &bus, hook.path());
         let (name, probe_port) = rendered_daemonset(&as_pairs(&set));
-        let probes = SocketAddr::new(POD_IP.parse().unwrap(), probe_port);
+        let probes = SocketAddr::new(address.address.ip(), probe_port);
 
         let mut plugin = cpu_node_plugin(&bus, &kubelet, probes);
         let body = eventually(Duration::from_secs(30), "the plugin's /readyz", || {
