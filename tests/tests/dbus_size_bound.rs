@@ -34,15 +34,6 @@ const CALL_BYTES: usize = 30 * 1024 * 1024;
 /// without the bound: 20,440 to 51,220 KiB); dropped unread, 172 KiB.
 const ALLOWED_GROWTH_KIB: u64 = 15 * 1024;
 
-fn vm_hwm_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// A call of `Node.Rescan` carrying `bytes` of payload (a signature it does
 /// not take: before the bound amd-gpud read it whole to find that out).
 fn huge_call(bytes: usize) -> zbus::Message {
@@ -73,7 +64,7 @@ fn messages_over_the_bound_are_dropped_unread_and_amd_gpud_answers_on() {
             .unwrap();
         let node = NodeProxy::new(&conn).await.unwrap();
         let before = node.generation().await.unwrap();
-        let at_rest = vm_hwm_kib(pid);
+        let at_rest = common::memcg::status_kib(pid, "VmHWM");
 
         let sends = (0..CALLS).map(|_| {
             let conn = conn.clone();
@@ -91,7 +82,7 @@ fn messages_over_the_bound_are_dropped_unread_and_amd_gpud_answers_on() {
             .await
             .unwrap();
         peer.ping().await.unwrap();
-        let under_attack = vm_hwm_kib(pid);
+        let under_attack = common::memcg::status_kib(pid, "VmHWM");
         println!(
             "amd-gpud VmHWM at rest {at_rest} KiB, after {CALLS} calls of {CALL_BYTES} bytes {under_attack} KiB"
         );

@@ -134,15 +134,6 @@ fn writer_once_read(fifo: &Path) -> std::os::fd::OwnedFd {
     }
 }
 
-fn vm_hwm_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn a_sysfs_read_that_never_returns_blocks_no_answer_and_misses_its_deadline() {
     if !common::can_run_bus_tests() {
@@ -163,7 +154,7 @@ fn a_sysfs_read_that_never_returns_blocks_no_answer_and_misses_its_deadline() {
         ],
     );
     assert!(idle.unwrap().success());
-    let hwm_idle = vm_hwm_kib(gpud.0.id());
+    let hwm_idle = common::memcg::status_kib(gpud.0.id(), "VmHWM");
     let file = root.path().join(LAST_NODE);
     let saved = std::fs::read(&file).unwrap();
     std::fs::remove_file(&file).unwrap();
@@ -193,7 +184,7 @@ fn a_sysfs_read_that_never_returns_blocks_no_answer_and_misses_its_deadline() {
         let generation = wait_rescan(&node).await;
         eprintln!(
             "slowest answer while blocked: {slowest:?}; VmHWM idle {hwm_idle} KiB, after {} KiB; generation {generation}",
-            vm_hwm_kib(gpud.0.id())
+            common::memcg::status_kib(gpud.0.id(), "VmHWM")
         );
     });
 }
@@ -242,13 +233,13 @@ fn the_plugin_uid_gets_only_what_it_calls_and_short_errors() {
     add_pod(root.path(), driver, QosClass::Burstable, POD).unwrap();
     let args = ["--dmem-any-fs"];
     let gpud = stack::gpud_with(&common::fake_node_exe(), &bus, root.path(), 0, &args).unwrap();
-    let hwm_idle = vm_hwm_kib(gpud.0.id());
+    let hwm_idle = common::memcg::status_kib(gpud.0.id(), "VmHWM");
     refused_what_it_never_calls(&bus);
     tiny_caps_are_refused(&bus, root.path());
     errors_are_short(&bus, root.path());
     eprintln!(
         "VmHWM idle {hwm_idle} KiB, after {} KiB",
-        vm_hwm_kib(gpud.0.id())
+        common::memcg::status_kib(gpud.0.id(), "VmHWM")
     );
 }
 

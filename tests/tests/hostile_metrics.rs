@@ -9,8 +9,6 @@
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
 mod common;
-#[path = "common/memcg.rs"]
-mod memcg;
 #[path = "hostile_metrics/probes.rs"]
 mod probes;
 
@@ -20,8 +18,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use common::memcg::{CHART_LIMIT, MemCg, alive, status_kib};
 use common::world::{World, released, schedule, world};
-use memcg::{CHART_LIMIT, MemCg, alive, status_kib};
 
 /// Connections of the flood, and how much of a request head each sends.
 const FLOOD: usize = 3000;

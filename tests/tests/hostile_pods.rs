@@ -10,13 +10,11 @@
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
 mod common;
-#[path = "common/memcg.rs"]
-mod memcg;
 
 use std::time::{Duration, Instant};
 
+use common::memcg::{CHART_LIMIT, MemCg, alive, status_kib};
 use common::world::{Gpu, NODE, World, pod_annotation, released, schedule, world};
-use memcg::{CHART_LIMIT, MemCg, alive, status_kib};
 use serde_json::{Value, json};
 use tests::apiserver::{FakeApiServer, Kind};
 

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod examples;
+pub mod memcg;
 pub mod real_node;
 pub mod world;
 
