@@ -12,7 +12,14 @@
 //! than [`MAX_INCOMING`] bytes is read through a 64 KiB buffer and dropped,
 //! with a warning naming its size, and its caller gets no answer; every
 //! other message goes to zbus as before. Memory per message is then bounded
-//! by [`MAX_INCOMING`] whatever the broker allows.
+//! by [`MAX_INCOMING`] whatever the broker allows. A length above the
+//! specification's own maximum is refused as zbus refuses it (the
+//! connection ends), never read.
+//!
+//! amd-gpud takes no file descriptor in any call, so this read side does not
+//! offer to pass them: zbus then never negotiates it, the bus relays none,
+//! and any that came anyway are closed unread, so that a message's
+//! descriptors cannot be mistaken for another's.
 
 use std::{io, os::fd::OwnedFd};
 
@@ -30,6 +37,8 @@ pub(crate) const MAX_INCOMING: usize = 1024 * 1024;
 const FIXED_HEADER: usize = 16;
 /// What a dropped message is read through.
 const DISCARD_CHUNK: usize = 64 * 1024;
+/// The D-Bus specification's largest message (zbus's `MAX_MESSAGE_SIZE`).
+const SPEC_MAX: u64 = 128 * 1024 * 1024;
 
 /// The whole length a message's fixed header declares: the header, its
 /// fields padded to 8 bytes, the body. `None` when the first byte is no
@@ -55,21 +64,16 @@ pub(crate) struct BoundedRead<R> {
 }
 
 impl<R: ReadHalf> BoundedRead<R> {
-    /// Reads from `buf`'s end until it holds `len` bytes, keeping the
-    /// descriptors that come with them in `fds`.
-    async fn fill(
-        &mut self,
-        buf: &mut Vec<u8>,
-        len: usize,
-        fds: &mut Vec<OwnedFd>,
-    ) -> io::Result<()> {
+    /// Reads from `buf`'s end until it holds `len` bytes (descriptors sent
+    /// with them are closed: see the module documentation).
+    async fn fill(&mut self, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
         while buf.len() < len {
             let start = buf.len();
             buf.resize(len, 0);
-            let (read, received) = self.inner.recvmsg(&mut buf[start..]).await?;
+            let received = self.inner.recvmsg(&mut buf[start..]).await;
+            let read = received.as_ref().map_or(0, |(read, _fds)| *read);
             buf.truncate(start + read);
-            fds.extend(received);
-            if read == 0 {
+            if received?.0 == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
         }
@@ -103,21 +107,24 @@ impl<R: ReadHalf> ReadHalf for BoundedRead<R> {
     ) -> zbus::Result<Message> {
         loop {
             let buf = &mut *already_received_bytes;
-            self.fill(buf, FIXED_HEADER, already_received_fds).await?;
+            self.fill(buf, FIXED_HEADER).await?;
             let mut fixed = [0; FIXED_HEADER];
             fixed.copy_from_slice(&buf[..FIXED_HEADER]);
             let declared = declared_len(&fixed);
             match declared {
+                Some(len) if len > SPEC_MAX => return Err(zbus::Error::ExcessData),
                 Some(len) if len > self.max as u64 => {
+                    warn!(
+                        bytes = len,
+                        max = self.max,
+                        "dropping an incoming D-Bus message over the size bound, unread; its sender gets no answer"
+                    );
                     let buffered = buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
                     buf.drain(..buffered);
                     already_received_fds.clear();
                     self.discard(len - buffered as u64).await?;
-                    warn!(
-                        bytes = len,
-                        max = self.max,
-                        "dropped an incoming D-Bus message over the size bound, unread; its sender gets no answer"
-                    );
+                    // A stream of them must not hold the runtime's one thread.
+                    tokio::task::yield_now().await;
                 }
                 _ => {
                     return self
@@ -133,8 +140,9 @@ impl<R: ReadHalf> ReadHalf for BoundedRead<R> {
         self.inner.recvmsg(buf).await
     }
 
+    /// No call of amd-gpud's API takes a descriptor (module documentation).
     fn can_pass_unix_fd(&self) -> bool {
-        self.inner.can_pass_unix_fd()
+        false
     }
 
     async fn peer_credentials(&mut self) -> io::Result<ConnectionCredentials> {

@@ -154,13 +154,15 @@ async fn connect(
         BusTarget::Address(address) => address.clone(),
     };
     let built = async {
-        let stream = bus_stream(bus).await?;
-        Builder::socket(bounded::bounded_socket(stream, bounded::MAX_INCOMING))
+        let (stream, guid) = bus_stream(bus).await?;
+        let conn = Builder::socket(bounded::bounded_socket(stream, bounded::MAX_INCOMING))
             .serve_at(ROOT_PATH, ObjectManager)?
             .serve_at(ROOT_PATH, node)?
             .serve_at(ROOT_PATH, loader)?
             .build()
-            .await
+            .await?;
+        check_guid(&conn, guid.as_deref())?;
+        Ok(conn)
     };
     built.await.map_err(|source| ServeError::Connect {
         target,
@@ -169,33 +171,51 @@ async fn connect(
 }
 
 /// A connected stream to the bus `bus` names (zbus's own parsing of the
-/// address and of `DBUS_SYSTEM_BUS_ADDRESS`): amd-gpud connects itself, so
-/// that the connection's read side is [`bounded`]. A unix socket path or an
-/// abstract name; any other transport is refused, naming it.
-async fn bus_stream(bus: &BusTarget) -> zbus::Result<tokio::net::UnixStream> {
+/// address and of `DBUS_SYSTEM_BUS_ADDRESS`), and the server GUID the
+/// address names, if any: amd-gpud connects itself, so that the
+/// connection's read side is [`bounded`]. A unix socket path or an abstract
+/// name; any other transport is refused, naming it. The connect blocks (a
+/// bus whose listen backlog is full at boot makes a non-blocking one fail
+/// with EAGAIN), so it runs on the blocking pool, as zbus's own does.
+async fn bus_stream(bus: &BusTarget) -> zbus::Result<(tokio::net::UnixStream, Option<String>)> {
+    use std::os::{linux::net::SocketAddrExt, unix::net};
     use zbus::address::{Address, Transport, transport::UnixSocket};
     let address = match bus {
         BusTarget::System => Address::system()?,
         BusTarget::Address(text) => text.parse::<Address>()?,
     };
-    let unsupported = || {
-        zbus::Error::Address(format!(
+    let guid = address.guid().map(|g| g.as_str().to_owned());
+    let socket = match address.transport() {
+        Transport::Unix(unix) => match unix.path() {
+            UnixSocket::File(path) => Some(net::SocketAddr::from_pathname(path)?),
+            UnixSocket::Abstract(name) => Some(net::SocketAddr::from_abstract_name(
+                name.as_encoded_bytes(),
+            )?),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(socket) = socket else {
+        return Err(zbus::Error::Address(format!(
             "amd-gpud reaches its bus through a unix socket (unix:path= or unix:abstract=), not {address}"
-        ))
+        )));
     };
-    let Transport::Unix(unix) = address.transport() else {
-        return Err(unsupported());
-    };
-    match unix.path() {
-        UnixSocket::File(path) => Ok(tokio::net::UnixStream::connect(path).await?),
-        UnixSocket::Abstract(name) => {
-            use std::os::linux::net::SocketAddrExt;
-            let name = std::os::unix::net::SocketAddr::from_abstract_name(name.as_encoded_bytes())?;
-            let stream = std::os::unix::net::UnixStream::connect_addr(&name)?;
-            stream.set_nonblocking(true)?;
-            Ok(tokio::net::UnixStream::from_std(stream)?)
-        }
-        _ => Err(unsupported()),
+    let stream = tokio::task::spawn_blocking(move || net::UnixStream::connect_addr(&socket))
+        .await
+        .map_err(|e| zbus::Error::InputOutput(std::sync::Arc::new(std::io::Error::other(e))))??;
+    stream.set_nonblocking(true)?;
+    Ok((tokio::net::UnixStream::from_std(stream)?, guid))
+}
+
+/// Refuses a bus whose server GUID is not the one its address names (what
+/// zbus checks when it connects by address itself).
+fn check_guid(conn: &Connection, expected: Option<&str>) -> zbus::Result<()> {
+    match expected {
+        Some(guid) if conn.server_guid().as_str() != guid => Err(zbus::Error::Address(format!(
+            "the bus answered with GUID {}, not the {guid} its address names",
+            conn.server_guid().as_str()
+        ))),
+        _ => Ok(()),
     }
 }
 
