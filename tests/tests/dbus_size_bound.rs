@@ -7,7 +7,9 @@
 //! Eight calls of 30 MiB each (under the private bus's `max_message_size`,
 //! dbus-daemon's default 32 MiB) are sent at once, then a Ping: its answer
 //! comes after amd-gpud has read the eight (one connection, read in
-//! order). amd-gpud's peak RSS must stay within 15 MiB of its peak at rest
+//! order), and none of the eight may have been answered (neither by
+//! amd-gpud, which would have read it, nor by the bus refusing to relay
+//! it). amd-gpud's peak RSS must stay within 15 MiB of its peak at rest
 //! measured in the same run (without the bound it grows by a whole call at
 //! least). The sender is root, not the plugin's UID: amd-gpud reads a
 //! message before it knows who sent it, so the sender does not matter here.
@@ -20,6 +22,8 @@
 mod common;
 
 use std::time::Duration;
+
+use futures_util::StreamExt;
 
 use ipc::{BUS_NAME, ROOT_PATH, proxy::NodeProxy};
 use tests::{
@@ -66,12 +70,15 @@ fn messages_over_the_bound_are_dropped_unread_and_amd_gpud_answers_on() {
         let before = node.generation().await.unwrap();
         let at_rest = common::memcg::status_kib(pid, "VmHWM");
 
-        let sends = (0..CALLS).map(|_| {
-            let conn = conn.clone();
-            async move { conn.send(&huge_call(CALL_BYTES)).await }
-        });
-        for sent in futures_util::future::join_all(sends).await {
-            sent.unwrap();
+        // Every message this connection gets from now on: an answer to a
+        // huge call (an error from amd-gpud, or the bus refusing to relay
+        // it) would show that it was not dropped unread.
+        let mut incoming = zbus::MessageStream::from(&conn);
+        let mut serials = Vec::new();
+        for _ in 0..CALLS {
+            let call = huge_call(CALL_BYTES);
+            serials.push(call.primary_header().serial_num());
+            conn.send(&call).await.unwrap();
         }
         let peer = zbus::fdo::PeerProxy::builder(&conn)
             .destination(BUS_NAME)
@@ -83,6 +90,24 @@ fn messages_over_the_bound_are_dropped_unread_and_amd_gpud_answers_on() {
             .unwrap();
         peer.ping().await.unwrap();
         let under_attack = common::memcg::status_kib(pid, "VmHWM");
+        // amd-gpud reads its connection in order, so any answer to the
+        // huge calls came before the Ping's; the bus answers its refusals at
+        // once.
+        let mut answered = Vec::new();
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(500), incoming.next()).await
+        {
+            let message = message.unwrap();
+            if let Some(to) = message.header().reply_serial()
+                && serials.contains(&to)
+            {
+                answered.push(format!("{message:?}"));
+            }
+        }
+        assert!(
+            answered.is_empty(),
+            "the huge calls were answered: {answered:?}"
+        );
         println!(
             "amd-gpud VmHWM at rest {at_rest} KiB, after {CALLS} calls of {CALL_BYTES} bytes {under_attack} KiB"
         );

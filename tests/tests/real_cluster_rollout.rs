@@ -229,14 +229,18 @@ fn upgrade_install_waits_rolls_through_and_follows_the_plugins_readiness() {
 
         // Readiness is the plugin's answer: without it the pod goes unready.
         plugin.kill();
+        // The DaemonSet's count follows the pod's condition once its
+        // controller has seen the change.
         eventually(ROLLOUT, "the pod unready once its plugin is gone", || {
             let unready = pods(&cluster, &name)
                 .iter()
                 .any(|(pod, _, ready)| *pod == second && !ready);
-            async move { unready.then_some(()) }
+            let counted = daemonset(&cluster, &name)["status"]["numberReady"]
+                .as_i64()
+                .unwrap_or(0)
+                == 0;
+            async move { (unready && counted).then_some(()) }
         })
         .await;
-        let ds = daemonset(&cluster, &name);
-        assert_eq!(ds["status"]["numberReady"].as_i64().unwrap_or(0), 0, "{ds}");
     });
 }
