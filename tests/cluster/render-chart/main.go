@@ -104,6 +104,9 @@ func upgradeInstall(kubeconfig, name, namespace string, chrt *chart.Chart, value
 		install.Namespace = namespace
 		install.Wait = true
 		install.Timeout = timeout
+		// As the CLI: a release uninstalled with its history kept is
+		// installed again under its name.
+		install.Replace = uninstalled
 		return install.Run(chrt, values)
 	}
 	if err != nil {
