@@ -202,7 +202,7 @@ async fn bus_stream(bus: &BusTarget) -> zbus::Result<(tokio::net::UnixStream, Op
     };
     let stream = tokio::task::spawn_blocking(move || net::UnixStream::connect_addr(&socket))
         .await
-        .map_err(|e| zbus::Error::InputOutput(std::sync::Arc::new(std::io::Error::other(e))))??;
+        .map_err(std::io::Error::other)??;
     stream.set_nonblocking(true)?;
     Ok((tokio::net::UnixStream::from_std(stream)?, guid))
 }

@@ -26,20 +26,12 @@ pub fn render(set_json: &[(&str, &str)]) -> io::Result<Vec<Value>> {
 /// # Errors
 /// As [`render`].
 pub fn render_in(namespace: &str, set_json: &[(&str, &str)]) -> io::Result<Vec<Value>> {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/amd-gpu");
-    let mut cmd = Command::new(binaries()?.join("render-chart"));
-    cmd.arg("--chart")
-        .arg(&chart)
-        .args(["--name", RELEASE, "--namespace", namespace]);
-    for (key, value) in set_json {
-        cmd.arg("--set-json").arg(format!("{key}={value}"));
-    }
-    let out = cmd.output()?;
+    let out = render_chart(namespace, set_json)?.output()?;
     if !out.status.success() {
         let why = String::from_utf8_lossy(&out.stderr);
         return Err(io::Error::other(format!(
             "rendering {}: {why}",
-            chart.display()
+            chart_dir().display()
         )));
     }
     let text = String::from_utf8_lossy(&out.stdout);
@@ -67,19 +59,12 @@ pub fn upgrade_install(
     set_json: &[(&str, &str)],
     timeout: std::time::Duration,
 ) -> io::Result<String> {
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/amd-gpu");
     let kubeconfig = cluster.kubeconfig("helm", ADMIN_TOKEN)?;
-    let mut cmd = Command::new(binaries()?.join("render-chart"));
-    cmd.arg("--chart")
-        .arg(&chart)
-        .args(["--name", RELEASE, "--namespace", NAMESPACE])
+    let out = render_chart(NAMESPACE, set_json)?
         .arg("--kubeconfig")
         .arg(&kubeconfig)
-        .arg(format!("--timeout={}s", timeout.as_secs()));
-    for (key, value) in set_json {
-        cmd.arg("--set-json").arg(format!("{key}={value}"));
-    }
-    let out = cmd.output()?;
+        .arg(format!("--timeout={}s", timeout.as_secs()))
+        .output()?;
     let printed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     if !out.status.success() {
         return Err(io::Error::other(format!(
@@ -89,6 +74,24 @@ pub fn upgrade_install(
         )));
     }
     Ok(printed)
+}
+
+/// `helm/amd-gpu`.
+fn chart_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/amd-gpu")
+}
+
+/// render-chart for the chart as [`RELEASE`] in `namespace`, its default
+/// values overlaid with `set_json`.
+fn render_chart(namespace: &str, set_json: &[(&str, &str)]) -> io::Result<Command> {
+    let mut cmd = Command::new(binaries()?.join("render-chart"));
+    cmd.arg("--chart")
+        .arg(chart_dir())
+        .args(["--name", RELEASE, "--namespace", namespace]);
+    for (key, value) in set_json {
+        cmd.arg("--set-json").arg(format!("{key}={value}"));
+    }
+    Ok(cmd)
 }
 
 /// The REST collection of `object` (its group, version, namespace and the
