@@ -221,16 +221,7 @@ pub(crate) fn read_frame(input: &mut dyn Read, max_data: u64) -> io::Result<Fram
 
 /// Writes one request line.
 pub(crate) fn write_request(out: &mut dyn Write, request: &Request) -> io::Result<()> {
-    let mut line = serde_json::to_vec(request).map_err(io::Error::other)?;
-    if line.len() >= MAX_LINE {
-        return Err(io::Error::other(format!(
-            "a request of {} bytes, above {MAX_LINE}",
-            line.len()
-        )));
-    }
-    line.push(b'\n');
-    out.write_all(&line)?;
-    out.flush()
+    write_line(out, request)
 }
 
 /// Why a line of the child could not be taken.
@@ -248,6 +239,14 @@ pub(crate) enum LineError {
 
 /// Reads one request line of at most [`MAX_LINE`] bytes.
 pub(crate) fn read_request(input: &mut dyn BufRead) -> Result<Request, LineError> {
+    read_line(input)
+}
+
+/// Reads one JSON line of at most [`MAX_LINE`] bytes (the newline
+/// included) as a `T`.
+pub(crate) fn read_line<T: serde::de::DeserializeOwned>(
+    input: &mut dyn BufRead,
+) -> Result<T, LineError> {
     let mut line = Vec::new();
     let limit = u64::try_from(MAX_LINE).unwrap_or(u64::MAX);
     let n = input.take(limit).read_until(b'\n', &mut line)?;
@@ -265,6 +264,20 @@ pub(crate) fn read_request(input: &mut dyn BufRead) -> Result<Request, LineError
         excerpt: String::from_utf8_lossy(line.get(..80).unwrap_or(&line)).into_owned(),
         why: e.to_string(),
     })
+}
+
+/// Writes `value` as one JSON line, refused at [`MAX_LINE`] bytes or more.
+pub(crate) fn write_line<T: Serialize>(out: &mut dyn Write, value: &T) -> io::Result<()> {
+    let mut line = serde_json::to_vec(value).map_err(io::Error::other)?;
+    if line.len() >= MAX_LINE {
+        return Err(io::Error::other(format!(
+            "a line of {} bytes, above {MAX_LINE}",
+            line.len()
+        )));
+    }
+    line.push(b'\n');
+    out.write_all(&line)?;
+    out.flush()
 }
 
 /// `text` cut to [`MAX_TEXT`] bytes on a character boundary.
