@@ -52,11 +52,6 @@ pub enum Command {
     /// the daemon down).
     #[command(hide = true)]
     AmdsmiProbe(amdsmi::ProbeArgs),
-    /// Parse one image for the loader check, its blobs read from stdin, its
-    /// verdict written to stdout (run by amd-gpud itself in an unprivileged
-    /// child process, so that a hostile image cannot hurt the daemon).
-    #[command(hide = true)]
-    LoaderInspect(crate::loader_check::sandbox::InspectArgs),
 }
 
 /// Options shared by everything that reads the host.
@@ -400,9 +395,6 @@ pub fn run(cli: Cli, helper: Vec<OsString>, out: &mut dyn Write) -> anyhow::Resu
             let code = amdsmi::run_probe_command(&args, out);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
         }
-        Command::LoaderInspect(args) => Ok(ExitCode::from(
-            crate::loader_check::sandbox::run_inspect_command(&args),
-        )),
     }
 }
 
@@ -414,14 +406,15 @@ pub fn serve(args: ServeArgs, helper: Vec<OsString>) -> anyhow::Result<()> {
     let paths = args.host.host_paths();
     let access =
         (args.kubelet_socket_access == Switch::On).then(|| crate::access::kubelet_targets(&paths));
+    let exe = helper.first().map(std::path::PathBuf::from);
     let config = ServiceConfig {
         paths: paths.clone(),
+        loader: args.loader.config(&paths, exe.as_deref()),
         amdsmi: args.host.amdsmi_config(helper),
         allowed_uids: vec![0, args.plugin_uid],
         dmem: args.dmem.config(),
         cdi: args.cdi == Switch::On,
         health: args.health.config(),
-        loader: args.loader.config(&paths),
     };
     let bus = args
         .bus_address

@@ -33,3 +33,4 @@ pub(crate) mod usage;
 
 pub use cli::main;
 pub use hostpaths::HostPaths;
+pub use loader_check::helper::main as loader_check_main;

@@ -43,7 +43,7 @@ pub mod inventory {
 /// The loader check's image sources and parsers.
 pub mod loader_check {
     pub use crate::loader_check::{
-        Descriptor, ImageSource, SourceError, sandbox::INSPECT_SUBCOMMAND,
+        Descriptor, ImageSource, SourceError, fetch::FETCH_SUBCOMMAND, sandbox::INSPECT_SUBCOMMAND,
     };
 
     /// The ELF, script and layer parsers.

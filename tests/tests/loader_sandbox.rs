@@ -1,6 +1,6 @@
 //! The loader check's image inspector in its child process (issue 38): a
 //! real containerd holding images built to hurt the inspector, amd-gpud
-//! (`--loader-check-budget 3 --loader-check-memory 24`) asked about them by
+//! (`--loader-check-budget 2 --loader-check-memory 24`) asked about them by
 //! the plugin's UID on a private bus with the shipped policy.
 //!
 //! - an image that needs more memory than the child may have (a 31 MiB
@@ -83,15 +83,30 @@ fn children(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-/// What the inspector child of `gpud` runs as and under, read while it
-/// inspects.
+/// Every process below `parent`: its children and theirs (amd-gpud's
+/// fetcher, and the fetcher's inspector child).
+fn descendants(parent: u32) -> Vec<u32> {
+    let mut found = children(parent);
+    let mut at = 0;
+    while let Some(pid) = found.get(at).copied() {
+        found.extend(children(pid));
+        at += 1;
+    }
+    found
+}
+
+/// What the inspector child runs as and under, read while it inspects:
+/// a child of the fetcher, amd-gpud's child.
 fn check_child_confinement(gpud: u32) {
     let started = Instant::now();
     let child = loop {
-        if let Some(pid) = children(gpud).first() {
-            break *pid;
+        let inspector = children(gpud)
+            .into_iter()
+            .find_map(|fetcher| children(fetcher).first().copied());
+        if let Some(pid) = inspector {
+            break pid;
         }
-        assert!(started.elapsed() < Duration::from_secs(5), "no child");
+        assert!(started.elapsed() < Duration::from_secs(5), "no inspector");
         std::thread::sleep(Duration::from_millis(10));
     };
     // Give it the time to confine itself before it reads its job.
@@ -122,11 +137,11 @@ fn check_child_confinement(gpud: u32) {
         "{limits}"
     );
     assert!(line("Max processes").contains("0 0"), "{limits}");
-    // The budget left (3 s here, 6 s at most) and the grace (2 s), plus a second.
+    // The budget left (2 s here) and the grace (2 s), plus a second.
     let cpu = line("Max cpu time");
     let cpu: Vec<u64> = cpu.split(' ').filter_map(|w| w.parse().ok()).collect();
     assert!(
-        matches!(cpu[..], [soft, hard] if soft == hard && soft <= 9),
+        matches!(cpu[..], [soft, hard] if soft == hard && soft <= 5),
         "{limits}"
     );
     assert!(line("Max open files").contains("4 4"), "{limits}");
@@ -155,8 +170,9 @@ fn check_child_confinement(gpud: u32) {
     }
 }
 
-/// The peaks seen, every 5 ms, of amd-gpud's children's `VmHWM` and of its
-/// threads plus children, until dropped.
+/// The peaks seen, every 5 ms, of the `VmHWM` of amd-gpud's fetchers and
+/// inspectors and of the threads of amd-gpud and those processes, until
+/// dropped.
 struct Sampler {
     stop: Arc<AtomicBool>,
     child_hwm_kib: Arc<AtomicU64>,
@@ -177,16 +193,18 @@ impl Sampler {
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                let kids = children(gpud);
+                let kids = descendants(gpud);
                 for kid in &kids {
                     let kib = status_field(*kid, "VmHWM")
                         .and_then(|v| v.trim_end_matches("kB").trim().parse().ok());
                     hwm.fetch_max(kib.unwrap_or(0), Ordering::SeqCst);
                 }
-                let threads: u64 = status_field(gpud, "Threads")
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(0);
-                tasks.fetch_max(threads + kids.len() as u64, Ordering::SeqCst);
+                // What the unit's TasksMax= counts: every thread of them all.
+                let threads: u64 = std::iter::once(&gpud)
+                    .chain(&kids)
+                    .filter_map(|pid| status_field(*pid, "Threads")?.parse::<u64>().ok())
+                    .sum();
+                tasks.fetch_max(threads, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
@@ -254,18 +272,14 @@ fn import(containerd: &Containerd, cache: &Path) -> Images {
 /// amd-gpud reading `containerd`, with the test's budget and memory.
 fn serve(containerd: &Containerd, scratch: &Path) -> stack::BenchNode {
     let socket = containerd.socket.display().to_string();
-    // A release amd-gpud reads the 15 GiB of zeros in about 6 s, and so,
-    // since it optimises its dependencies, does the test build (5.8 s in a
-    // CI run, inside a 6 s budget: the image was answered, not timed out).
-    // 15 GiB is near the most an inspection reads (`max_layer_bytes`, 16
-    // GiB over all layers), so the budget is what gives way: 3 s is half
-    // that read and still five times what the child takes to die of the
+    // The test build's fetcher and inspector read the 15 GiB of zeros in
+    // about 3 s on an idle 2-core machine (5.8 s in a busy CI run when
+    // amd-gpud streamed the layer itself, on its serving thread). 15 GiB is
+    // near the most an inspection reads (`max_layer_bytes`, 16 GiB over all
+    // layers), so the budget is what gives way: 2 s is two thirds of that
+    // read and still three times what the child takes to die of the
     // crowded image (0.6 s).
-    let budget = if std::env::var_os("LOADER_SANDBOX_GPUD").is_some() {
-        "2"
-    } else {
-        "3"
-    };
+    let budget = "2";
     let args = [
         "--containerd-socket",
         socket.as_str(),
@@ -299,7 +313,7 @@ fn memory_attacks(node: &stack::BenchNode, images: &Images, rss_before: u64) {
         "{out:?}"
     );
     assert!(out.stderr.contains("memory allocation"), "{out:?}");
-    assert!(children(gpud).is_empty(), "a child outlived its answer");
+    assert!(descendants(gpud).is_empty(), "a child outlived its answer");
 }
 
 /// The image that takes long: answered at the deadline, by a confined
@@ -320,7 +334,7 @@ fn time_attack(node: &stack::BenchNode, endless: &BuiltImage) {
     );
     // busctl itself gives up after 10 s.
     assert!(took < Duration::from_secs(10), "answered after {took:?}");
-    assert!(children(gpud).is_empty(), "a child outlived its answer");
+    assert!(descendants(gpud).is_empty(), "a child outlived its answer");
 }
 
 #[test]
@@ -360,7 +374,7 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
     eprintln!(
         "amd-gpud VmRSS idle {rss_idle} KiB, after one inspection {rss_before} KiB, \
          after the attacks {rss_after} KiB, VmHWM {} KiB; child VmHWM: glibc image \
-         {glibc_child_kib} KiB, attacks {attack_child_kib} KiB; peak threads + children {tasks}",
+         {glibc_child_kib} KiB, attacks {attack_child_kib} KiB; peak threads of them all {tasks}",
         kib(gpud, "VmHWM")
     );
 }

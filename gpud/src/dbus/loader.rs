@@ -11,7 +11,8 @@ use zbus::{Connection, interface, message::Header};
 use super::auth;
 use crate::loader_check::{
     Finding, Loader,
-    checker::{CheckError, Checker, ContainerdInspect},
+    checker::{CheckError, Checker},
+    fetch::spawn::ForkedInspect,
     run::RunSpec,
     stage::HookStage,
 };
@@ -21,7 +22,7 @@ const STAGE_LIMIT: Duration = Duration::from_secs(5);
 
 /// The loader object.
 pub struct LoaderObject {
-    pub checker: Arc<Checker<ContainerdInspect>>,
+    pub checker: Arc<Checker<ForkedInspect>>,
     pub stage: Arc<HookStage>,
     pub allowed_uids: Arc<[u32]>,
 }

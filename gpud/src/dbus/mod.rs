@@ -219,23 +219,24 @@ fn check_guid(conn: &Connection, expected: Option<&str>) -> zbus::Result<()> {
     }
 }
 
-/// The loader object of `config`; containerd is reached through this
-/// runtime, and images are parsed in children of the AMD SMI probe's
-/// helper (this executable) re-entered as `loader-inspect`.
+/// The loader object of `config`: each image is read from containerd and
+/// parsed by processes of the helper binary (`crate::loader_check::fetch`).
 fn loader_object(config: &ServiceConfig) -> loader::LoaderObject {
-    use crate::loader_check::{checker, sandbox::Sandbox, stage::HookStage};
+    use crate::loader_check::{
+        checker, fetch::spawn::ForkedInspect, sandbox::Sandbox, stage::HookStage,
+    };
     let sandbox = Sandbox {
         uid: config.loader.inspector_uid,
         gid: config.loader.inspector_uid,
         memory: config.loader.inspector_memory,
-        ..Sandbox::new(config.amdsmi.helper.clone())
+        ..Sandbox::new(Vec::new())
     };
-    let inspect = checker::ContainerdInspect {
-        socket: config.loader.containerd_socket.clone(),
-        namespace: config.loader.containerd_namespace.clone(),
-        handle: tokio::runtime::Handle::current(),
+    let inspect = ForkedInspect {
+        helper: config.loader.helper.clone(),
+        containerd_socket: config.loader.containerd_socket.clone(),
+        containerd_namespace: config.loader.containerd_namespace.clone(),
         call_timeout: Duration::from_secs(10),
-        sandbox: Some(sandbox),
+        sandbox,
     };
     let checks = checker::CheckerConfig {
         budget: config.loader.budget,

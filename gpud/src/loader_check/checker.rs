@@ -20,7 +20,6 @@ mod cache;
 
 use std::{
     collections::HashMap,
-    path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -29,15 +28,9 @@ use tokio::sync::watch;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::{
-    Finding, ImageSource, SourceError,
-    analyze::{self, InspectError, Limits, Platform},
-    containerd::ContainerdSource,
+    Finding,
     reference::{self, ReferenceError},
     run::RunSpec,
-    sandbox::{
-        self, ChildFailure, Sandbox,
-        wire::{FailKind, Verdict},
-    },
 };
 
 use cache::Cache;
@@ -105,22 +98,6 @@ pub enum CheckError {
     },
 }
 
-impl CheckError {
-    fn of_inspection(image: &str, cache_key: Option<&str>, err: &InspectError) -> Self {
-        match err {
-            InspectError::Source(SourceError::NotPresent { .. }) => {
-                Self::NotPresent(err.to_string())
-            }
-            InspectError::Source(SourceError::NoRuntime { .. }) => Self::NoRuntime(err.to_string()),
-            _ => Self::Failed {
-                image: image.to_owned(),
-                cache_key: cache_key.filter(|_| err.lasting()).map(str::to_owned),
-                why: err.to_string(),
-            },
-        }
-    }
-}
-
 /// What the cache knows of a key: its finding, or why it failed.
 pub type Known = Result<Finding, String>;
 
@@ -138,103 +115,6 @@ pub trait Inspect: Send + Sync + 'static {
         deadline: Instant,
         cached: &dyn Fn(&str) -> Option<Known>,
     ) -> Result<Finding, CheckError>;
-}
-
-/// Inspections through containerd's API.
-#[derive(Debug, Clone)]
-pub struct ContainerdInspect {
-    pub socket: PathBuf,
-    pub namespace: String,
-    pub handle: tokio::runtime::Handle,
-    /// Each call to containerd (and each chunk of a layer).
-    pub call_timeout: Duration,
-    /// Where the image is parsed: a child process (production), or this
-    /// process (`None`; tests of the analysis).
-    pub sandbox: Option<Sandbox>,
-}
-
-impl Inspect for ContainerdInspect {
-    fn inspect(
-        &self,
-        image: &str,
-        run: &RunSpec,
-        deadline: Instant,
-        cached: &dyn Fn(&str) -> Option<Known>,
-    ) -> Result<Finding, CheckError> {
-        let fail = |err: InspectError| CheckError::of_inspection(image, None, &err);
-        let handle = self.handle.clone();
-        let mut source =
-            ContainerdSource::connect(&self.socket, &self.namespace, handle, self.call_timeout)
-                .map_err(|e| fail(e.into()))?;
-        let target = source.target(image).map_err(|e| fail(e.into()))?;
-        let key = run.cache_key(&target.digest);
-        match cached(&key) {
-            Some(Ok(found)) => return Ok(found),
-            Some(Err(why)) => {
-                return Err(CheckError::Failed {
-                    image: image.to_owned(),
-                    cache_key: Some(key),
-                    why,
-                });
-            }
-            None => {}
-        }
-        if let Some(sandbox) = &self.sandbox {
-            let job = ChildJob {
-                image,
-                target: &target,
-                run,
-                key: &key,
-            };
-            return in_child(sandbox, &mut source, &job, deadline);
-        }
-        let limits = Limits {
-            deadline,
-            ..Limits::default()
-        };
-        analyze::inspect_target(&mut source, &target, &Platform::host(), run, &limits)
-            .map_err(|e| CheckError::of_inspection(image, Some(&key), &e))
-    }
-}
-
-/// What one child inspects: `image` resolved to `target`, started as `run`
-/// says, its outcome cached under `key`.
-struct ChildJob<'a> {
-    image: &'a str,
-    target: &'a super::Descriptor,
-    run: &'a RunSpec,
-    key: &'a str,
-}
-
-/// Inspects `job` in a child of `sandbox`: its verdict, or its failure
-/// (cached under the job's key unless the child could not even start).
-fn in_child(
-    sandbox: &Sandbox,
-    source: &mut dyn ImageSource,
-    job: &ChildJob<'_>,
-    deadline: Instant,
-) -> Result<Finding, CheckError> {
-    let budget = deadline.saturating_duration_since(Instant::now());
-    let failed = |key: Option<&str>, why: String| CheckError::Failed {
-        image: job.image.to_owned(),
-        cache_key: key.map(str::to_owned),
-        why,
-    };
-    let target = job.target;
-    match sandbox::inspect_in_child(sandbox, source, target, job.run, budget) {
-        Ok(Verdict::Found { loader, evidence }) => Ok(Finding {
-            digest: target.digest.clone(),
-            loader,
-            evidence,
-        }),
-        Ok(Verdict::Failed { kind, why, lasting }) => Err(match kind {
-            FailKind::NotPresent => CheckError::NotPresent(why),
-            FailKind::NoRuntime => CheckError::NoRuntime(why),
-            FailKind::Content => failed(lasting.then_some(job.key), why),
-        }),
-        Err(err @ ChildFailure::Spawn { .. }) => Err(failed(None, err.to_string())),
-        Err(err) => Err(failed(Some(job.key), err.to_string())),
-    }
 }
 
 type Outcome = Result<Finding, CheckError>;

@@ -1,6 +1,10 @@
 //! `amd-gpud serve`'s flags of the loader check and where it reads from.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use crate::hostpaths::HostPaths;
 
@@ -41,7 +45,16 @@ pub struct LoaderArgs {
     /// `amd-gpud-inspect` of the shipped sysusers file.
     #[arg(long, env = "GPUD_LOADER_CHECK_UID", default_value_t = crate::loader_check::sandbox::INSPECT_UID)]
     pub loader_check_uid: u32,
+    /// The program that reads images from containerd and parses them, one
+    /// process per inspection (it holds the containerd client and the image
+    /// parsers, which amd-gpud does not); by default
+    /// `amd-gpud-loader-check` next to amd-gpud's own executable.
+    #[arg(long, env = "GPUD_LOADER_CHECK_HELPER", value_name = "PATH")]
+    pub loader_check_helper: Option<PathBuf>,
 }
+
+/// The helper binary's name, next to `amd-gpud` (`/usr/bin` when packaged).
+pub const HELPER_NAME: &str = "amd-gpud-loader-check";
 
 /// The loader check's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,10 +68,18 @@ pub struct LoaderConfig {
     pub inspector_memory: u64,
     /// The inspector children's UID and GID.
     pub inspector_uid: u32,
+    /// The helper binary (program and leading arguments).
+    pub helper: Vec<OsString>,
 }
 
 impl LoaderArgs {
-    pub fn config(&self, paths: &HostPaths) -> LoaderConfig {
+    /// The configuration; `exe`: amd-gpud's own executable, next to which
+    /// the helper is by default.
+    pub fn config(&self, paths: &HostPaths, exe: Option<&Path>) -> LoaderConfig {
+        let helper = self.loader_check_helper.clone().unwrap_or_else(|| {
+            exe.and_then(Path::parent)
+                .map_or_else(|| PathBuf::from(HELPER_NAME), |dir| dir.join(HELPER_NAME))
+        });
         LoaderConfig {
             containerd_socket: self
                 .containerd_socket
@@ -72,6 +93,47 @@ impl LoaderArgs {
             budget: Duration::from_secs(self.loader_check_budget),
             inspector_memory: self.loader_check_memory.saturating_mul(1 << 20),
             inspector_uid: self.loader_check_uid,
+            helper: vec![helper.into_os_string()],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::Parser;
+
+    use super::{HELPER_NAME, LoaderArgs};
+    use crate::hostpaths::HostPaths;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        loader: LoaderArgs,
+    }
+
+    fn helper_of(args: &[&str], exe: Option<&Path>) -> Vec<std::ffi::OsString> {
+        let flags =
+            Flags::try_parse_from(std::iter::once("amd-gpud").chain(args.iter().copied())).unwrap();
+        flags.loader.config(&HostPaths::default(), exe).helper
+    }
+
+    #[test]
+    fn the_helper_is_next_to_amd_gpud_unless_named() {
+        let exe = Path::new("/usr/bin/amd-gpud");
+        assert_eq!(
+            helper_of(&[], Some(exe)),
+            vec![std::ffi::OsString::from("/usr/bin/amd-gpud-loader-check")]
+        );
+        assert_eq!(
+            helper_of(&["--loader-check-helper", "/opt/x/helper"], Some(exe)),
+            vec![std::ffi::OsString::from("/opt/x/helper")]
+        );
+        // No executable known: looked for on PATH by its name.
+        assert_eq!(
+            helper_of(&[], None),
+            vec![std::ffi::OsString::from(HELPER_NAME)]
+        );
     }
 }

@@ -11,9 +11,9 @@
 //!
 //! Every call names its namespace in the `containerd-namespace` header (CRI
 //! keeps Kubernetes images in `k8s.io`). The source is synchronous, like the
-//! analysis: it is created and used on a blocking thread
-//! (`tokio::task::spawn_blocking`) and blocks on a handle of the daemon's
-//! runtime, every call bounded by `call_timeout`.
+//! analysis: the loader check's fetcher process (`super::fetch`) uses it on
+//! its main thread, blocking on a handle of its own runtime, every call
+//! bounded by `call_timeout`.
 
 mod blob;
 
@@ -59,11 +59,11 @@ impl ContainerdSource {
     /// Connects to containerd's socket `socket` and reads the images of
     /// `namespace` (e.g. `k8s.io`).
     ///
-    /// Must be called off the runtime (inside `spawn_blocking`): it blocks on
-    /// `handle`. A current-thread runtime's handle drives no I/O itself, so
-    /// its `Runtime::block_on` must be running on another thread meanwhile,
-    /// as amd-gpud's main thread does while it serves (tokio's
-    /// `Handle::block_on`; tests/tests/loader_check.rs runs it so). `call_timeout` bounds the
+    /// Must be called off the runtime (not from one of its tasks): it blocks
+    /// on `handle`. A current-thread runtime's handle drives no I/O itself,
+    /// so its `Runtime::block_on` must be running on another thread
+    /// meanwhile (tokio's `Handle::block_on`); the fetcher's runtime has a
+    /// worker thread of its own. `call_timeout` bounds the
     /// connection and every later call; a streamed read gets it as an idle
     /// timeout between chunks.
     ///

@@ -18,6 +18,8 @@ mod classify;
 pub mod config;
 pub mod containerd;
 pub(crate) mod elf;
+pub mod fetch;
+pub mod helper;
 mod inspection;
 mod layers;
 mod oci;

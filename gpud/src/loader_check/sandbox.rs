@@ -23,7 +23,9 @@ pub(crate) mod wire;
 
 use std::{ffi::OsString, time::Duration};
 
-pub(crate) use serve::{ChildFailure, inspect_in_child};
+pub(crate) use serve::{
+    ChildFailure, finish, inspect_in_child, keep_stderr, signal_name, watchdog,
+};
 
 /// The hidden subcommand that runs the child side.
 pub const INSPECT_SUBCOMMAND: &str = "loader-inspect";

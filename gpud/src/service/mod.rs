@@ -188,6 +188,7 @@ mod tests {
                 budget: Duration::from_secs(600),
                 inspector_memory: 1 << 30,
                 inspector_uid: 60702,
+                helper: Vec::new(),
             },
         })
     }

@@ -40,6 +40,17 @@ fn main() -> ExitCode {
     let mut argv: Vec<OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "gpud") {
         argv.remove(1);
+        // The loader check's helper of `serve` is this executable (below),
+        // unless the test names another.
+        let named = std::env::var_os("GPUD_LOADER_CHECK_HELPER").is_some()
+            || argv.iter().any(|a| a == "--loader-check-helper");
+        if !named
+            && argv.iter().any(|a| a == "serve")
+            && let Ok(me) = std::env::current_exe()
+        {
+            argv.push("--loader-check-helper".into());
+            argv.push(me.into_os_string());
+        }
         return gpud::main(argv);
     }
     if argv.get(1).is_some_and(|a| a == "plugin") {
@@ -48,12 +59,20 @@ fn main() -> ExitCode {
     }
     // `gpud serve` with AMD SMI re-enters its own executable to probe the
     // library in a child process.
-    // So does its loader check, to parse images in a child process.
+    if argv
+        .get(1)
+        .is_some_and(|a| a == gpud::testing::amdsmi::PROBE_SUBCOMMAND)
+    {
+        return gpud::main(argv);
+    }
+    // Its loader check runs the helper binary, `amd-gpud-loader-check`,
+    // whose two commands this executable stands in for (the helper re-enters
+    // itself for the second).
     if argv.get(1).is_some_and(|a| {
-        a == gpud::testing::amdsmi::PROBE_SUBCOMMAND
+        a == gpud::testing::loader_check::FETCH_SUBCOMMAND
             || a == gpud::testing::loader_check::INSPECT_SUBCOMMAND
     }) {
-        return gpud::main(argv);
+        return gpud::loader_check_main(argv);
     }
     match run(Args::parse()) {
         Ok(code) => code,

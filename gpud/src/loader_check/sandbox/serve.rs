@@ -186,7 +186,7 @@ fn spawn(sandbox: &Sandbox, budget: Duration) -> Result<Child, ChildFailure> {
 /// Kills `pid` (SIGKILL) unless cancelled within `after`; sets `killed`
 /// when it did. The child is reaped only after this returns, so the pid is
 /// still its own.
-fn watchdog(
+pub(crate) fn watchdog(
     pid: u32,
     after: Duration,
     killed: Arc<AtomicBool>,
@@ -218,7 +218,7 @@ fn kill(pid: u32) {
 /// Waits for the child (killing it if it does not exit within
 /// [`EXIT_GRACE`] after a verdict, or at once without one) and reaps it.
 /// Returns its status, and whether it was killed here.
-fn finish(child: &mut Child, verdict: bool) -> (Option<ExitStatus>, bool) {
+pub(crate) fn finish(child: &mut Child, verdict: bool) -> (Option<ExitStatus>, bool) {
     let until = Instant::now() + if verdict { EXIT_GRACE } else { Duration::ZERO };
     loop {
         match child.try_wait() {
@@ -235,7 +235,7 @@ fn finish(child: &mut Child, verdict: bool) -> (Option<ExitStatus>, bool) {
 }
 
 /// Reads the child's stderr on a thread, keeping [`STDERR_KEPT`] bytes.
-fn keep_stderr(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
+pub(crate) fn keep_stderr(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     if let Some(mut pipe) = pipe {
         thread::spawn(move || {
@@ -373,7 +373,7 @@ fn read_some(stream: &mut dyn Read, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
-fn signal_name(signal: i32) -> String {
+pub(crate) fn signal_name(signal: i32) -> String {
     match signal {
         libc::SIGABRT => "SIGABRT".to_owned(),
         libc::SIGKILL => "SIGKILL".to_owned(),

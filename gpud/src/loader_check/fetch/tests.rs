@@ -1,0 +1,241 @@
+//! amd-gpud's side of the fetcher exchange, against fetchers that are shell
+//! scripts: what each answer, silence, death or garbage becomes.
+
+use std::{
+    ffi::OsString,
+    time::{Duration, Instant},
+};
+
+use super::{FetchJob, Step, spawn::ForkedInspect};
+use crate::loader_check::{
+    Finding, Loader,
+    checker::{CheckError, Inspect, Known},
+    run::RunSpec,
+    sandbox::{
+        Sandbox,
+        wire::{FailKind, MAX_LINE, Verdict},
+    },
+};
+
+const DIGEST: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+/// A fetcher that runs `script` in `sh` (its `$1` is the subcommand).
+fn scripted(script: &str) -> ForkedInspect {
+    ForkedInspect {
+        helper: vec!["/bin/sh".into(), "-c".into(), script.into(), "sh".into()],
+        containerd_socket: "/nonexistent/containerd.sock".into(),
+        containerd_namespace: "k8s.io".into(),
+        call_timeout: Duration::from_secs(1),
+        sandbox: Sandbox {
+            grace: Duration::ZERO,
+            ..Sandbox::new(Vec::new())
+        },
+    }
+}
+
+fn line(step: &Step) -> String {
+    serde_json::to_string(step).unwrap()
+}
+
+fn target_line() -> String {
+    line(&Step::Target {
+        target: super::WireDescriptor {
+            media_type: "application/vnd.oci.image.manifest.v1+json".into(),
+            digest: DIGEST.into(),
+            size: 100,
+        },
+    })
+}
+
+fn found_line() -> String {
+    line(&Step::Verdict {
+        verdict: Verdict::Found {
+            loader: Loader::Musl,
+            evidence: "from the script".into(),
+        },
+    })
+}
+
+/// Runs one inspection of `docker.io/library/x:1` within `budget`.
+fn inspect(
+    fetcher: &ForkedInspect,
+    budget: Duration,
+    cached: &dyn Fn(&str) -> Option<Known>,
+) -> Result<Finding, CheckError> {
+    fetcher.inspect(
+        "docker.io/library/x:1",
+        &RunSpec::default(),
+        Instant::now() + budget,
+        cached,
+    )
+}
+
+fn nothing_cached(_: &str) -> Option<Known> {
+    None
+}
+
+/// `sh` printing `lines` (single-quoted), after reading `reads` lines.
+fn script(steps: &[(usize, &str)]) -> String {
+    steps
+        .iter()
+        .map(|(reads, text)| {
+            let reads = "read -r _ || exit 0; ".repeat(*reads);
+            format!("{reads}printf '%s\\n' '{text}'; ")
+        })
+        .collect()
+}
+
+#[test]
+fn a_verdict_is_the_finding_of_the_digest_the_fetcher_reported() {
+    let fetcher = scripted(&script(&[(1, &target_line()), (1, &found_line())]));
+    let found = inspect(&fetcher, Duration::from_secs(10), &nothing_cached).unwrap();
+    assert_eq!(found.digest, DIGEST);
+    assert_eq!(found.loader, Loader::Musl);
+    assert_eq!(found.evidence, "from the script");
+}
+
+#[test]
+fn the_job_is_one_line_the_fetcher_can_read() {
+    // The fetcher answers with the job it was given, as evidence.
+    let echo = r#"read -r job; printf '%s\n' "$TARGET"; read -r _;
+        printf '{"step":"verdict","verdict":{"outcome":"found","loader":{"kind":"static"},"evidence":%s}}\n' \
+        "$(printf '%s' "$job" | sed 's/\\/\\\\/g; s/"/\\"/g; s/^/"/; s/$/"/')""#;
+    let fetcher = scripted(&format!("TARGET='{}'; {echo}", target_line()));
+    let found = inspect(&fetcher, Duration::from_secs(10), &nothing_cached).unwrap();
+    let job: FetchJob = serde_json::from_str(&found.evidence).unwrap();
+    assert_eq!(job.image, "docker.io/library/x:1");
+    assert_eq!(job.containerd_namespace, "k8s.io");
+    assert_eq!(job.inspector_uid, crate::loader_check::sandbox::INSPECT_UID);
+    assert!(job.budget_ms <= 10_000 && job.budget_ms > 9_000, "{job:?}");
+}
+
+#[test]
+fn a_known_digest_is_answered_from_the_cache_and_the_fetcher_told_to_end() {
+    // Given the go-ahead, this fetcher would say "from the script".
+    let fetcher = scripted(&format!(
+        "{}read -r go && printf '%s\\n' '{}'; exit 0",
+        script(&[(1, &target_line())]),
+        found_line()
+    ));
+    let key = RunSpec::default().cache_key(DIGEST);
+    let cached = |asked: &str| {
+        (asked == key).then(|| {
+            Ok(Finding {
+                digest: DIGEST.into(),
+                loader: Loader::Static,
+                evidence: "cached".into(),
+            })
+        })
+    };
+    let found = inspect(&fetcher, Duration::from_secs(10), &cached).unwrap();
+    assert_eq!(found.evidence, "cached");
+    let failed = |_: &str| Some(Err("a cached failure".to_owned()));
+    match inspect(&fetcher, Duration::from_secs(10), &failed) {
+        Err(CheckError::Failed { cache_key, why, .. }) => {
+            assert_eq!(cache_key.as_deref(), Some(key.as_str()));
+            assert_eq!(why, "a cached failure");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn an_image_not_looked_up_is_not_present_or_no_runtime_and_never_cached() {
+    for (kind, expect_not_present) in [(FailKind::NotPresent, true), (FailKind::NoRuntime, false)] {
+        let verdict = line(&Step::Verdict {
+            verdict: Verdict::Failed {
+                kind,
+                why: "told by the script".into(),
+                lasting: true,
+            },
+        });
+        let fetcher = scripted(&script(&[(1, &verdict)]));
+        match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
+            Err(CheckError::NotPresent(why)) if expect_not_present => {
+                assert_eq!(why, "told by the script");
+            }
+            Err(CheckError::NoRuntime(why)) if !expect_not_present => {
+                assert_eq!(why, "told by the script");
+            }
+            other => panic!("{kind:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn an_inspector_that_ran_and_failed_is_cached_one_that_never_started_is_not() {
+    let key = RunSpec::default().cache_key(DIGEST);
+    for (started, expected_key) in [(true, Some(key.as_str())), (false, None)] {
+        let failed = line(&Step::inspector_failed("it died of SIGKILL", started));
+        let fetcher = scripted(&script(&[(1, &target_line()), (1, &failed)]));
+        match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
+            Err(CheckError::Failed { cache_key, why, .. }) => {
+                assert_eq!(cache_key.as_deref(), expected_key);
+                assert_eq!(why, "it died of SIGKILL");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_fetcher_that_dies_silent_is_named_with_its_status_and_stderr_is_not_an_answer() {
+    let fetcher = scripted("read -r _; echo 'containerd went away' >&2; exit 7");
+    match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
+        Err(CheckError::Failed { cache_key, why, .. }) => {
+            assert_eq!(cache_key, None, "nothing of the image was learnt");
+            assert!(why.contains("ended without an answer"), "{why}");
+            assert!(why.contains("status 7"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_fetcher_that_hangs_after_its_target_is_killed_and_the_digest_cached() {
+    // `exec`: a child of the shell would keep the pipe open after the
+    // shell's kill (the real fetcher's inspector has pipes of its own).
+    let fetcher = scripted(&format!("{}exec sleep 60", script(&[(1, &target_line())])));
+    let started = Instant::now();
+    let outcome = inspect(&fetcher, Duration::from_millis(200), &nothing_cached);
+    // The budget, the inspector's grace (0 here) and the fetcher's 3 s.
+    assert!(started.elapsed() < Duration::from_secs(20), "never killed");
+    match outcome {
+        Err(CheckError::Failed { cache_key, why, .. }) => {
+            let key = RunSpec::default().cache_key(DIGEST);
+            assert_eq!(cache_key.as_deref(), Some(key.as_str()));
+            assert!(why.contains("was killed"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_line_over_the_bound_or_garbage_breaks_the_exchange() {
+    let long = "x".repeat(MAX_LINE + 10);
+    for text in [long.as_str(), "not json", &found_line()] {
+        let fetcher = scripted(&script(&[(1, text)]));
+        match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
+            Err(CheckError::Failed { cache_key, why, .. }) => {
+                assert_eq!(cache_key, None);
+                assert!(why.starts_with("the image fetcher"), "{why}");
+            }
+            other => panic!("{}: {other:?}", text.get(..20).unwrap_or(text)),
+        }
+    }
+}
+
+#[test]
+fn a_fetcher_that_cannot_start_says_which_program() {
+    let fetcher = ForkedInspect {
+        helper: vec![OsString::from("/nonexistent/amd-gpud-loader-check")],
+        ..scripted("")
+    };
+    match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
+        Err(CheckError::Failed { cache_key, why, .. }) => {
+            assert_eq!(cache_key, None);
+            assert!(why.contains("/nonexistent/amd-gpud-loader-check"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
