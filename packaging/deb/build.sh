@@ -3,7 +3,8 @@
 #   target/packaging/amd-gpud_<version>_amd64.deb
 # The files go where systemd/README.md says; the maintainer scripts next to this file create
 # the user before the bus re-reads its policy, and enable/start the unit where systemd runs.
-# GPUD_BIN=path uses an amd-gpud built elsewhere; otherwise `cargo build --release -p gpud`
+# GPUD_BIN=path uses an amd-gpud built elsewhere (its amd-gpud-loader-check beside it);
+# otherwise `cargo build --release -p gpud --bins`
 # (--profile $PACKAGING_PROFILE when that is set, see common.sh).
 set -euo pipefail
 # shellcheck source=packaging/common.sh
@@ -14,13 +15,16 @@ need dpkg-deb:dpkg objdump:binutils
 
 bin=${GPUD_BIN:-}
 if [ -z "$bin" ]; then
-    (cd "$ROOT" && cargo build --profile "$PACKAGING_PROFILE" -p gpud --locked)
+    (cd "$ROOT" && cargo build --profile "$PACKAGING_PROFILE" -p gpud --bins --locked)
     bin=$CARGO_TARGET/$(profile_dir)/amd-gpud
 fi
 [ -x "$bin" ] || die "GPUD_BIN '$bin' is not an executable file"
+# The loader check's helper (containerd client and image parsers), built with amd-gpud.
+helper=$(dirname "$bin")/amd-gpud-loader-check
+[ -x "$helper" ] || die "'$helper' is not an executable file: it is built with amd-gpud (cargo build -p gpud --bins)"
 
-# The oldest glibc the binary runs on: the newest GLIBC_x.y symbol version it references.
-libc_min=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
+# The oldest glibc the binaries run on: the newest GLIBC_x.y symbol version they reference.
+libc_min=$(objdump -T "$bin" "$helper" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 [ -n "$libc_min" ] || die "no GLIBC_ symbol versions in '$bin': is it a glibc binary?"
 
 stage=$OUT/deb/amd-gpud_${version}_amd64
@@ -29,7 +33,8 @@ s=$ROOT/systemd
 install -d -m 0755 "$stage/usr/bin"
 # As dh_strip would, but keeping the symbols: a panic's backtrace still names the functions.
 strip --strip-debug -o "$stage/usr/bin/amd-gpud" "$bin"
-chmod 0755 "$stage/usr/bin/amd-gpud"
+strip --strip-debug -o "$stage/usr/bin/amd-gpud-loader-check" "$helper"
+chmod 0755 "$stage/usr/bin/amd-gpud" "$stage/usr/bin/amd-gpud-loader-check"
 install -D -m 0644 "$s/amd-gpud.service" "$stage/usr/lib/systemd/system/amd-gpud.service"
 install -D -m 0644 "$s/io.hami.AmdGpu1.conf" "$stage/usr/share/dbus-1/system.d/io.hami.AmdGpu1.conf"
 install -D -m 0644 "$s/amd-gpud.sysusers.conf" "$stage/usr/lib/sysusers.d/amd-gpud.conf"

@@ -104,6 +104,7 @@ rm -f "$root/tmp/$(basename "$deb")"
 echo "== installed files"
 for entry in \
     0755:/usr/bin/amd-gpud \
+    0755:/usr/bin/amd-gpud-loader-check \
     0644:/usr/lib/systemd/system/amd-gpud.service \
     0644:/usr/share/dbus-1/system.d/io.hami.AmdGpu1.conf \
     0644:/usr/lib/sysusers.d/amd-gpud.conf \
@@ -119,6 +120,11 @@ for dir in /etc/cdi /run/cdi; do
 done
 wants=/etc/systemd/system/multi-user.target.wants/amd-gpud.service
 if [ -L "$root$wants" ]; then ok "enabled offline ($wants)"; else bad "not enabled: no $wants"; fi
+
+echo "== the binaries run in the $suite root"
+for program in amd-gpud amd-gpud-loader-check; do
+    if out=$(in_root "/usr/bin/$program" --version 2>&1); then ok "$program --version: $out"; else bad "$program --version: $out"; fi
+done
 
 echo "== the plugin's user"
 pw=$(in_root getent passwd "$PLUGIN_USER" || true)
