@@ -2,7 +2,8 @@
 //! (one `GetAll`) against a `org.freedesktop.DBus.Peer.Ping` round trip to the
 //! same daemon on the same bus, interleaved in one run; then the daemon's
 //! idle RSS and the CPU time it uses while idle, on the 64-partition MI300X
-//! CPX fixture.
+//! CPX fixture. amd-gpud runs with the environment its systemd unit gives
+//! it; `BENCH_AMD_GPUD` names another build to measure instead.
 //!
 //! Run (as root: the private bus loads the shipped policy):
 //! `cargo bench -p tests --bench dbus`. Prints a Markdown table for
@@ -55,6 +56,9 @@ fn main() -> anyhow::Result<()> {
                 "--host-root",
             ])
             .arg(root.path())
+            // As systemd starts it: the unit's Environment= (one malloc
+            // arena, docs/benchmarks.md).
+            .envs(tests::release::unit_environment()?)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?,
