@@ -342,17 +342,9 @@ impl HostArgs {
 
 /// Entry point of the binary: parses `args`, runs, maps errors to an exit code.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
+    let cli: Cli = match crate::command_line::parse(args) {
         Ok(cli) => cli,
-        Err(err) => {
-            // Help and version are not errors; clap knows which is which.
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     init_tracing(&cli.log);
     let helper = current_exe_helper();

@@ -11,6 +11,7 @@ pub(crate) mod access;
 pub(crate) mod amdsmi;
 pub(crate) mod cdi;
 pub(crate) mod cli;
+pub(crate) mod command_line;
 pub(crate) mod dbus;
 pub(crate) mod deadline;
 pub(crate) mod dmem;

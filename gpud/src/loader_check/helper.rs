@@ -36,16 +36,9 @@ enum HelperCommand {
 
 /// Entry point of the helper binary.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let cli = match HelperCli::try_parse_from(args) {
+    let cli: HelperCli = match crate::command_line::parse(args) {
         Ok(cli) => cli,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     let code = match cli.command {
         HelperCommand::LoaderFetch(args) => run_fetch_command(&args),
