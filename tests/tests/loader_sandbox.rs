@@ -170,53 +170,82 @@ fn check_child_confinement(gpud: u32) {
     }
 }
 
-/// The peaks seen, every 5 ms, of the `VmHWM` of amd-gpud's fetchers and
-/// inspectors and of the threads of amd-gpud and those processes, until
-/// dropped.
+/// The peaks seen, every 5 ms, of the `VmHWM` of amd-gpud's fetchers (its
+/// children) and of their inspectors (theirs), and of the threads of
+/// amd-gpud and those processes, until dropped.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    child_hwm_kib: Arc<AtomicU64>,
-    tasks: Arc<AtomicU64>,
+    /// Fetchers', inspectors' `VmHWM` (KiB), threads.
+    peaks: Arc<[AtomicU64; 3]>,
+}
+
+/// What a [`Sampler`] saw.
+#[derive(Debug, Clone, Copy)]
+struct Peaks {
+    fetcher_kib: u64,
+    inspector_kib: u64,
+    threads: u64,
 }
 
 impl Sampler {
     fn start(gpud: u32) -> Self {
         let sampler = Self {
             stop: Arc::default(),
-            child_hwm_kib: Arc::default(),
-            tasks: Arc::default(),
+            peaks: Arc::default(),
         };
-        let (stop, hwm, tasks) = (
-            Arc::clone(&sampler.stop),
-            Arc::clone(&sampler.child_hwm_kib),
-            Arc::clone(&sampler.tasks),
-        );
+        let (stop, peaks) = (Arc::clone(&sampler.stop), Arc::clone(&sampler.peaks));
+        let hwm = |pid: u32| -> u64 {
+            status_field(pid, "VmHWM")
+                .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0)
+        };
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                let kids = descendants(gpud);
-                for kid in &kids {
-                    let kib = status_field(*kid, "VmHWM")
-                        .and_then(|v| v.trim_end_matches("kB").trim().parse().ok());
-                    hwm.fetch_max(kib.unwrap_or(0), Ordering::SeqCst);
+                let fetchers = children(gpud);
+                let inspectors: Vec<u32> = fetchers.iter().flat_map(|f| children(*f)).collect();
+                for (peak, pids) in peaks.iter().zip([&fetchers, &inspectors]) {
+                    for pid in pids {
+                        peak.fetch_max(hwm(*pid), Ordering::SeqCst);
+                    }
                 }
                 // What the unit's TasksMax= counts: every thread of them all.
                 let threads: u64 = std::iter::once(&gpud)
-                    .chain(&kids)
+                    .chain(&fetchers)
+                    .chain(&inspectors)
                     .filter_map(|pid| status_field(*pid, "Threads")?.parse::<u64>().ok())
                     .sum();
-                tasks.fetch_max(threads, Ordering::SeqCst);
+                peaks[2].fetch_max(threads, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
         sampler
     }
 
-    fn peaks(&self) -> (u64, u64) {
-        (
-            self.child_hwm_kib.load(Ordering::SeqCst),
-            self.tasks.load(Ordering::SeqCst),
-        )
+    fn peaks(&self) -> Peaks {
+        let [fetcher, inspector, threads] = &*self.peaks;
+        Peaks {
+            fetcher_kib: fetcher.load(Ordering::SeqCst),
+            inspector_kib: inspector.load(Ordering::SeqCst),
+            threads: threads.load(Ordering::SeqCst),
+        }
     }
+}
+
+/// Processes of this test's inspectors still running anywhere (a killed
+/// fetcher's child would be a child of init, not of amd-gpud): UID 60702,
+/// with the test's 24 MiB heap on their command line.
+fn inspectors_left() -> Vec<u32> {
+    let heap = (24_u64 << 20).to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            status_field(*pid, "Uid").is_some_and(|uid| uid.starts_with("60702"))
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).split('\0').any(|w| w == heap))
+        })
+        .collect()
 }
 
 impl Drop for Sampler {
@@ -294,9 +323,11 @@ fn serve(containerd: &Containerd, scratch: &Path) -> stack::BenchNode {
 
 /// The two images that take memory: each costs the child, not amd-gpud,
 /// whose resident set was `rss_before` KiB.
-fn memory_attacks(node: &stack::BenchNode, images: &Images, rss_before: u64) {
+/// `fetcher_kib`: a fetcher's peak in an inspection of a real image.
+fn memory_attacks(node: &stack::BenchNode, images: &Images, rss_before: u64, fetcher_kib: u64) {
     let gpud = node.gpud.0.id();
     // Read whole with a fallible allocation: the child's limit refuses it.
+    let sampler = Sampler::start(gpud);
     let out = inspect(&node.bus, &images.greedy.name);
     assert!(!out.success(), "{out:?}");
     assert!(out.stderr.contains("out of memory"), "{out:?}");
@@ -305,6 +336,13 @@ fn memory_attacks(node: &stack::BenchNode, images: &Images, rss_before: u64) {
         (hwm.saturating_sub(rss_before) * 1024) < (GREEDY_LIBC / 4) as u64,
         "amd-gpud peaked at {hwm} KiB from {rss_before} KiB: it held the blob"
     );
+    // The fetcher streams the blob through in chunks: it never holds it.
+    let streamed = sampler.peaks().fetcher_kib;
+    assert!(
+        (streamed.saturating_sub(fetcher_kib) * 1024) < (GREEDY_LIBC / 4) as u64,
+        "the fetcher peaked at {streamed} KiB against {fetcher_kib} KiB: it held the blob"
+    );
+    drop(sampler);
     // A tree that grows past the limit: the child dies of it, alone.
     let out = inspect(&node.bus, &images.crowded.name);
     assert!(!out.success(), "{out:?}");
@@ -314,6 +352,11 @@ fn memory_attacks(node: &stack::BenchNode, images: &Images, rss_before: u64) {
     );
     assert!(out.stderr.contains("memory allocation"), "{out:?}");
     assert!(descendants(gpud).is_empty(), "a child outlived its answer");
+    assert_eq!(
+        inspectors_left(),
+        Vec::<u32>::new(),
+        "an inspector outlived its answer"
+    );
 }
 
 /// The image that takes long: answered at the deadline, by a confined
@@ -335,6 +378,11 @@ fn time_attack(node: &stack::BenchNode, endless: &BuiltImage) {
     // busctl itself gives up after 10 s.
     assert!(took < Duration::from_secs(10), "answered after {took:?}");
     assert!(descendants(gpud).is_empty(), "a child outlived its answer");
+    assert_eq!(
+        inspectors_left(),
+        Vec::<u32>::new(),
+        "an inspector outlived its answer"
+    );
 }
 
 #[test]
@@ -353,11 +401,11 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
     let sampler = Sampler::start(gpud);
     let out = inspect(&node.bus, &images.glibc.name);
     assert!(out.success() && out.stdout.contains("\"glibc\""), "{out:?}");
-    let (glibc_child_kib, _) = sampler.peaks();
+    let glibc = sampler.peaks();
     drop(sampler);
     let rss_before = kib(gpud, "VmRSS");
     let sampler = Sampler::start(gpud);
-    memory_attacks(&node, &images, rss_before);
+    memory_attacks(&node, &images, rss_before, glibc.fetcher_kib);
     time_attack(&node, &images.endless);
 
     for image in [&images.greedy, &images.crowded, &images.endless] {
@@ -369,12 +417,18 @@ fn hostile_images_cost_the_inspector_child_not_amd_gpud() {
     }
     let out = inspect(&node.bus, &images.glibc.name);
     assert!(out.success(), "{out:?}");
-    let (attack_child_kib, tasks) = sampler.peaks();
+    let attacks = sampler.peaks();
     let rss_after = kib(gpud, "VmRSS");
     eprintln!(
         "amd-gpud VmRSS idle {rss_idle} KiB, after one inspection {rss_before} KiB, \
-         after the attacks {rss_after} KiB, VmHWM {} KiB; child VmHWM: glibc image \
-         {glibc_child_kib} KiB, attacks {attack_child_kib} KiB; peak threads of them all {tasks}",
-        kib(gpud, "VmHWM")
+         after the attacks {rss_after} KiB, VmHWM {} KiB; VmHWM of the fetcher / \
+         inspector: glibc image {} / {} KiB, attacks {} / {} KiB; peak threads of \
+         them all {}",
+        kib(gpud, "VmHWM"),
+        glibc.fetcher_kib,
+        glibc.inspector_kib,
+        attacks.fetcher_kib,
+        attacks.inspector_kib,
+        attacks.threads,
     );
 }

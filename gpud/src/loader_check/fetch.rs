@@ -17,9 +17,10 @@
 //!    ([`super::sandbox`]), streams it the blobs it asks for, and reports
 //!    its [`Step::Verdict`], or [`Step::InspectorFailed`] when it gave none.
 //!
-//! Every line either way is bounded ([`wire::MAX_LINE`]); amd-gpud kills
-//! the fetcher [`FETCH_GRACE`] after the inspector's own kill, and the
-//! fetcher dies with amd-gpud (its parent-death signal).
+//! Every line either way is bounded ([`wire::MAX_JOB`], [`MAX_STEP_LINE`]);
+//! amd-gpud kills the fetcher [`FETCH_GRACE`] after the inspector's own
+//! kill, and the fetcher dies with amd-gpud, the inspector with the fetcher
+//! (their parent-death signals).
 
 pub(crate) mod process;
 pub(crate) mod spawn;
@@ -39,6 +40,10 @@ pub const FETCH_SUBCOMMAND: &str = "loader-fetch";
 /// The line amd-gpud sends after [`Step::Target`] when the image is to be
 /// inspected.
 pub(crate) const GO: &str = "inspect";
+
+/// The longest line amd-gpud reads from the fetcher: the inspector's
+/// verdict line (at most [`wire::MAX_LINE`]) wrapped in a [`Step`].
+pub(crate) const MAX_STEP_LINE: usize = wire::MAX_LINE + 512;
 
 /// How long after the inspector's kill amd-gpud kills its fetcher.
 pub(crate) const FETCH_GRACE: std::time::Duration = std::time::Duration::from_secs(3);

@@ -4,8 +4,9 @@
 //! The hook (`libamvgpu.so`) is loaded through `LD_AUDIT`, which only glibc
 //! 2.34 or newer honours for it: musl's loader ignores `LD_AUDIT`, a static
 //! binary runs no loader, and an older glibc fails to load the hook. Before a
-//! sliced container starts, amd-gpud reads its image from the container
+//! sliced container starts, amd-gpud has its image read from the container
 //! runtime's content store ([`ImageSource`], containerd's in production) and
+//! parsed ([`fetch`]: the processes of the helper binary, [`helper`]) and
 //! says which loader the entrypoint runs under ([`Loader`]); the plugin then
 //! gives the container the hook, no hook, or a refusal.
 //!

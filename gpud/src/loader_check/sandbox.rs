@@ -1,20 +1,21 @@
-//! The loader check's inspector in a child process (issue 38): amd-gpud
-//! (root) reads the image's blobs from the container runtime and hands them
-//! to a child of itself that parses them (manifests, tar, gzip, zstd, ELF),
-//! so that an image built to exhaust memory or time costs the child, never
-//! the daemon.
+//! The loader check's inspector in a child process (issue 38): the
+//! loader check's fetcher (`super::fetch`, root, started by amd-gpud)
+//! reads the image's blobs from the container runtime and hands them to
+//! this child, which parses them (manifests, tar, gzip, zstd, ELF), so that
+//! an image built to exhaust memory or time costs the child, never amd-gpud
+//! nor the fetcher.
 //!
-//! The child is amd-gpud itself re-entered with the hidden
-//! [`INSPECT_SUBCOMMAND`], as the AMD SMI probe is (`crate::amdsmi`). It
-//! runs as [`Sandbox::uid`]/[`Sandbox::gid`] with no supplementary groups,
-//! an empty environment and `/` as its directory, confines itself before it
-//! reads its job ([`confine`]: no new privileges, memory, CPU time, no
-//! processes, no files, Landlock), and can reach nothing but the pipes:
-//! it asks for each blob and amd-gpud streams it ([`wire`]). amd-gpud reads
-//! back only lines of at most [`wire::MAX_LINE`] bytes, kills the child at
-//! the inspection's deadline (plus [`Sandbox::grace`]), and turns its death,
-//! silence or garbage into a failure naming the image, cached like any
-//! other.
+//! The child is the helper binary (`amd-gpud-loader-check`) re-entered by
+//! the fetcher with the hidden [`INSPECT_SUBCOMMAND`]. It runs as
+//! [`Sandbox::uid`]/[`Sandbox::gid`] with no supplementary groups, an empty
+//! environment and `/` as its directory, confines itself before it reads
+//! its job ([`confine`]: no new privileges, death with its parent, memory,
+//! CPU time, no processes, no files, Landlock), and can reach nothing but
+//! the pipes: it asks for each blob and the fetcher streams it ([`wire`]).
+//! The fetcher reads back only lines of at most [`wire::MAX_LINE`] bytes,
+//! kills the child at the inspection's deadline (plus [`Sandbox::grace`]),
+//! and turns its death, silence or garbage into a failure naming the image,
+//! cached like any other.
 
 pub(crate) mod child;
 pub(crate) mod confine;
@@ -34,11 +35,12 @@ pub const INSPECT_SUBCOMMAND: &str = "loader-inspect";
 /// `systemd/amd-gpud.sysusers.conf`, owning nothing on the host.
 pub const INSPECT_UID: u32 = 60702;
 
-/// How amd-gpud runs its inspector children.
+/// How the fetcher runs its inspector children.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sandbox {
-    /// Program and leading arguments that re-enter amd-gpud (production:
-    /// `[current_exe]`; `[fake-node, gpud]`-like in tests).
+    /// Program and leading arguments of the helper binary (the fetcher's
+    /// own executable; fake-node in tests); unused on amd-gpud's side,
+    /// which passes the rest of this to the fetcher.
     pub helper: Vec<OsString>,
     /// The child's UID and GID when amd-gpud runs as root.
     pub uid: u32,
@@ -51,7 +53,7 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// The default: this executable, [`INSPECT_UID`], 1 GiB, 2 s.
+    /// The default: `helper`, [`INSPECT_UID`], 1 GiB, 2 s.
     #[must_use]
     pub fn new(helper: Vec<OsString>) -> Self {
         Self {
@@ -64,8 +66,8 @@ impl Sandbox {
     }
 }
 
-/// The child's command line: `amd-gpud loader-inspect --memory BYTES
-/// --cpu-seconds N [--allow-root]`.
+/// The child's command line: `amd-gpud-loader-check loader-inspect --memory
+/// BYTES --cpu-seconds N [--allow-root]`.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
     /// Bytes of heap the child allows itself.
@@ -75,7 +77,7 @@ pub struct InspectArgs {
     /// lives at most.
     #[arg(long, env = "GPUD_INSPECT_CPU_SECONDS")]
     pub cpu_seconds: u64,
-    /// Run even as root (amd-gpud was not root, so could not drop it).
+    /// Run even as root (the fetcher was not root, so could not drop it).
     #[arg(long, env = "GPUD_INSPECT_ALLOW_ROOT")]
     pub allow_root: bool,
 }
@@ -89,13 +91,13 @@ pub fn run_inspect_command(args: &InspectArgs) -> u8 {
     };
     confine::end_after(limits.cpu);
     if let Err(err) = confine::confine(limits, args.allow_root) {
-        eprintln!("amd-gpud loader-inspect: refusing to run: {err}");
+        eprintln!("amd-gpud-loader-check loader-inspect: refusing to run: {err}");
         return 3;
     }
     match child::serve(std::io::stdin(), std::io::stdout()) {
         Ok(()) => 0,
         Err(err) => {
-            eprintln!("amd-gpud loader-inspect: {err}");
+            eprintln!("amd-gpud-loader-check loader-inspect: {err}");
             1
         }
     }

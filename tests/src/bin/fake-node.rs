@@ -43,7 +43,9 @@ fn main() -> ExitCode {
         // The loader check's helper of `serve` is this executable (below),
         // unless the test names another.
         let named = std::env::var_os("GPUD_LOADER_CHECK_HELPER").is_some()
-            || argv.iter().any(|a| a == "--loader-check-helper");
+            || argv
+                .iter()
+                .any(|a| a.to_string_lossy().starts_with("--loader-check-helper"));
         if !named
             && argv.iter().any(|a| a == "serve")
             && let Ok(me) = std::env::current_exe()

@@ -7,12 +7,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{FetchJob, GO, Step};
+use super::{FetchJob, GO, MAX_STEP_LINE, Step};
 use crate::loader_check::{
     Descriptor, ImageSource,
     containerd::ContainerdSource,
-    sandbox::{self, ChildFailure, Sandbox, child, wire},
+    sandbox::{self, ChildFailure, Sandbox, child, confine, wire},
 };
+
+/// How the fetcher names itself on stderr.
+const ME: &str = "amd-gpud-loader-check loader-fetch";
 
 /// The fetcher's command line: nothing but the subcommand; the job comes
 /// on stdin.
@@ -23,14 +26,20 @@ pub struct FetchArgs {}
 /// answered (a verdict, a failure or a cached image), 1 when it could not
 /// talk to amd-gpud, 3 when it could not start.
 pub fn run_fetch_command(_args: &FetchArgs) -> u8 {
-    // amd-gpud's death ends the fetcher, and the fetcher's the inspector
-    // (its pipes close).
-    if let Err(err) =
-        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
-    {
-        eprintln!("amd-gpud loader-fetch: cannot set the parent-death signal: {err}");
+    // amd-gpud's death ends the fetcher (and so the inspector).
+    if let Err(err) = confine::die_with_parent() {
+        eprintln!("{ME}: cannot follow amd-gpud (PR_SET_PDEATHSIG): {err}");
         return 3;
     }
+    // Warnings (an inspector killed at its deadline, its stderr) go to
+    // stderr, which amd-gpud logs.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -38,7 +47,7 @@ pub fn run_fetch_command(_args: &FetchArgs) -> u8 {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("amd-gpud loader-fetch: cannot start its runtime: {err}");
+            eprintln!("{ME}: cannot start its runtime: {err}");
             return 3;
         }
     };
@@ -46,7 +55,7 @@ pub fn run_fetch_command(_args: &FetchArgs) -> u8 {
     match fetch(runtime.handle(), &mut input, &mut output) {
         Ok(()) => 0,
         Err(err) => {
-            eprintln!("amd-gpud loader-fetch: {err}");
+            eprintln!("{ME}: {err}");
             1
         }
     }
@@ -54,13 +63,13 @@ pub fn run_fetch_command(_args: &FetchArgs) -> u8 {
 
 /// Reads the job, looks the image up, and (when amd-gpud says so) has it
 /// inspected.
-fn fetch(
+pub(crate) fn fetch(
     handle: &tokio::runtime::Handle,
     input: &mut dyn BufRead,
     output: &mut dyn Write,
 ) -> io::Result<()> {
-    let job: FetchJob =
-        wire::read_line(input).map_err(|e| io::Error::other(format!("its job: {e}")))?;
+    let job: FetchJob = wire::read_line(input, wire::MAX_JOB)
+        .map_err(|e| io::Error::other(format!("its job: {e}")))?;
     let started = Instant::now();
     let call_timeout = Duration::from_millis(job.call_timeout_ms);
     let looked_up = ContainerdSource::connect(
@@ -74,16 +83,14 @@ fn fetch(
         Ok(found) => found,
         Err(err) => {
             let verdict = child::verdict(Err(err.into()));
-            return wire::write_line(output, &Step::Verdict { verdict });
+            return wire::write_line(output, &Step::Verdict { verdict }, MAX_STEP_LINE);
         }
     };
-    wire::write_line(
-        output,
-        &Step::Target {
-            target: (&target).into(),
-        },
-    )?;
-    match wire::read_line::<String>(input) {
+    let target_line = Step::Target {
+        target: (&target).into(),
+    };
+    wire::write_line(output, &target_line, MAX_STEP_LINE)?;
+    match wire::read_line::<String>(input, wire::MAX_LINE) {
         Ok(go) if go == GO => {}
         // amd-gpud knows the image already (or went away).
         Err(wire::LineError::Closed) => return Ok(()),
@@ -92,7 +99,7 @@ fn fetch(
     }
     let budget = Duration::from_millis(job.budget_ms).saturating_sub(started.elapsed());
     let step = inspect(&job, &mut source, &target, budget);
-    wire::write_line(output, &step)
+    wire::write_line(output, &step, MAX_STEP_LINE)
 }
 
 /// The inspector child's verdict on `target`, or why it gave none.

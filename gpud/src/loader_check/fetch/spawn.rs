@@ -14,7 +14,7 @@ use std::{
 
 use tracing::{debug, info};
 
-use super::{FETCH_GRACE, FETCH_SUBCOMMAND, FetchJob, GO, Step};
+use super::{FETCH_GRACE, FETCH_SUBCOMMAND, FetchJob, GO, MAX_STEP_LINE, Step};
 use crate::loader_check::{
     Descriptor, Finding,
     checker::{CheckError, Inspect, Known},
@@ -24,6 +24,9 @@ use crate::loader_check::{
         wire::{self, FailKind, LineError, Verdict},
     },
 };
+
+/// What the fetcher is called in logs and answers.
+const FETCHER: &str = "the image fetcher";
 
 /// Inspections through a fetcher process each.
 #[derive(Debug, Clone)]
@@ -46,8 +49,24 @@ enum FetchFailure {
     /// It could not be started: nothing was learnt of the image.
     Spawn(String),
     /// It ended, was killed or broke the exchange (`why` continues "the
-    /// image fetcher"); `target`: the digest it had reported by then.
-    Broke { why: String, target: Option<String> },
+    /// image fetcher"); `target`: the digest it had reported by then;
+    /// `at_deadline`: it was killed for outliving the inspection, the one
+    /// failure of the fetcher an image can cause (and so cached).
+    Broke {
+        why: String,
+        target: Option<String>,
+        at_deadline: bool,
+    },
+}
+
+impl FetchFailure {
+    fn broke(why: String, target: Option<&Descriptor>) -> Self {
+        Self::Broke {
+            why,
+            target: target.map(|t| t.digest.clone()),
+            at_deadline: false,
+        }
+    }
 }
 
 impl Inspect for ForkedInspect {
@@ -96,8 +115,13 @@ impl Inspect for ForkedInspect {
                 started,
             }) => Err(failed(started.then(|| run.cache_key(&target.digest)), why)),
             Err(FetchFailure::Spawn(why)) => Err(failed(None, why)),
-            Err(FetchFailure::Broke { why, target }) => {
-                Err(failed(target.map(|digest| run.cache_key(&digest)), why))
+            Err(FetchFailure::Broke {
+                why,
+                target,
+                at_deadline,
+            }) => {
+                let key = target.filter(|_| at_deadline).map(|d| run.cache_key(&d));
+                Err(failed(key, why))
             }
         }
     }
@@ -176,31 +200,34 @@ fn run_fetcher(
     let pid = child.id();
     let stderr = sandbox::keep_stderr(child.stderr.take());
     let killed = Arc::new(AtomicBool::new(false));
-    let (cancel, watchdog) = sandbox::watchdog(pid, kill_after, Arc::clone(&killed));
+    let (cancel, watchdog) = sandbox::watchdog((pid, FETCHER), kill_after, Arc::clone(&killed));
     let exchanged = match (child.stdin.take(), child.stdout.take()) {
         (Some(input), Some(output)) => exchange(job, input, output, cached),
-        _ => Err(FetchFailure::Broke {
-            why: "had no pipes".to_owned(),
-            target: None,
-        }),
+        _ => Err(FetchFailure::broke("had no pipes".to_owned(), None)),
     };
     drop(cancel);
     let _joined = watchdog.join();
-    let (status, _) = sandbox::finish(&mut child, exchanged.is_ok());
+    // This blocking thread outlives the fetcher (reaped here), so the
+    // fetcher's parent-death signal, tied to it, never fires early.
+    let (status, ended_here) = sandbox::finish(&mut child, exchanged.is_ok());
     let stderr = stderr
         .recv_timeout(Duration::from_secs(2))
         .unwrap_or_default();
     if !stderr.is_empty() {
         info!(pid, stderr = %stderr.trim(), "the image fetcher's stderr");
     }
+    let at_deadline = killed.load(Ordering::SeqCst);
     exchanged.map_err(|failure| match failure {
-        FetchFailure::Broke { why, target } => FetchFailure::Broke {
-            why: if killed.load(Ordering::SeqCst) {
-                format!("the image fetcher was killed {kill_after:?} after it started")
+        FetchFailure::Broke { why, target, .. } => FetchFailure::Broke {
+            why: if at_deadline {
+                format!("{FETCHER} was killed {kill_after:?} after it started")
+            } else if ended_here {
+                format!("{FETCHER} {why} (amd-gpud then ended it)")
             } else {
-                format!("the image fetcher {why}{}", ended(status))
+                format!("{FETCHER} {why}{}", ended(status))
             },
             target,
+            at_deadline,
         },
         spawn @ FetchFailure::Spawn(_) => spawn,
     })
@@ -213,14 +240,11 @@ fn exchange(
     cached: &dyn Fn(&str) -> Option<Known>,
 ) -> Result<Outcome, FetchFailure> {
     let mut output = BufReader::new(output);
-    let broke = |why: String, target: Option<&Descriptor>| FetchFailure::Broke {
-        why,
-        target: target.map(|t| t.digest.clone()),
-    };
-    wire::write_line(&mut input, job)
+    let broke = FetchFailure::broke;
+    wire::write_line(&mut input, job, wire::MAX_JOB)
         .map_err(|e| broke(format!("did not take its job: {e}"), None))?;
     let read = |output: &mut BufReader<ChildStdout>, target: Option<&Descriptor>| {
-        wire::read_line::<Step>(output).map_err(|e| broke(said(&e), target))
+        wire::read_line::<Step>(output, MAX_STEP_LINE).map_err(|e| broke(said(&e), target))
     };
     let target = match read(&mut output, None)? {
         Step::Target { target } => Descriptor::from(target),
@@ -237,7 +261,7 @@ fn exchange(
         debug!(digest = %target.digest, "known already; the fetcher ends");
         return Ok(Outcome::Cached(key, known));
     }
-    wire::write_line(&mut input, &GO)
+    wire::write_line(&mut input, &GO, wire::MAX_LINE)
         .map_err(|e| broke(format!("did not take its go-ahead: {e}"), Some(&target)))?;
     match read(&mut output, Some(&target))? {
         Step::Verdict { verdict } => Ok(Outcome::Inspected { target, verdict }),
@@ -258,7 +282,7 @@ fn said(err: &LineError) -> String {
     }
 }
 
-/// ": it exited with status 1", ": it died of SIGSEGV", or nothing.
+/// " (it exited with status 1)", " (it died of SIGSEGV)", or nothing.
 fn ended(status: Option<ExitStatus>) -> String {
     use std::os::unix::process::ExitStatusExt;
     match status {

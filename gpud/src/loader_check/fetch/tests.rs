@@ -13,7 +13,7 @@ use crate::loader_check::{
     run::RunSpec,
     sandbox::{
         Sandbox,
-        wire::{FailKind, MAX_LINE, Verdict},
+        wire::{self, FailKind, MAX_LINE, Verdict},
     },
 };
 
@@ -111,11 +111,15 @@ fn the_job_is_one_line_the_fetcher_can_read() {
 
 #[test]
 fn a_known_digest_is_answered_from_the_cache_and_the_fetcher_told_to_end() {
-    // Given the go-ahead, this fetcher would say "from the script".
+    // Given the go-ahead, this fetcher would say "from the script"; told to
+    // end (its input closed), it leaves a mark and exits by itself.
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("ended");
     let fetcher = scripted(&format!(
-        "{}read -r go && printf '%s\\n' '{}'; exit 0",
+        "{}read -r go && printf '%s\\n' '{}'; echo >> '{}'; exit 0",
         script(&[(1, &target_line())]),
-        found_line()
+        found_line(),
+        mark.display()
     ));
     let key = RunSpec::default().cache_key(DIGEST);
     let cached = |asked: &str| {
@@ -129,11 +133,35 @@ fn a_known_digest_is_answered_from_the_cache_and_the_fetcher_told_to_end() {
     };
     let found = inspect(&fetcher, Duration::from_secs(10), &cached).unwrap();
     assert_eq!(found.evidence, "cached");
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap(),
+        "\n",
+        "not ended by itself"
+    );
     let failed = |_: &str| Some(Err("a cached failure".to_owned()));
     match inspect(&fetcher, Duration::from_secs(10), &failed) {
         Err(CheckError::Failed { cache_key, why, .. }) => {
             assert_eq!(cache_key.as_deref(), Some(key.as_str()));
             assert_eq!(why, "a cached failure");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_content_failure_before_the_target_is_not_cached() {
+    let verdict = line(&Step::Verdict {
+        verdict: Verdict::Failed {
+            kind: FailKind::Content,
+            why: "containerd Images.Get failed".into(),
+            lasting: true,
+        },
+    });
+    let fetcher = scripted(&script(&[(1, &verdict)]));
+    match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
+        Err(CheckError::Failed { cache_key, why, .. }) => {
+            assert_eq!(cache_key, None, "no digest was known");
+            assert_eq!(why, "containerd Images.Get failed");
         }
         other => panic!("{other:?}"),
     }
@@ -238,4 +266,121 @@ fn a_fetcher_that_cannot_start_says_which_program() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_fetcher_that_breaks_off_after_its_target_is_not_cached_unless_past_its_deadline() {
+    // Its own failure, not the image's: the next check tries again.
+    let fetcher = scripted(&format!(
+        "{}read -r _; printf 'garbage\\n'; exec sleep 60",
+        script(&[(1, &target_line())])
+    ));
+    let started = Instant::now();
+    match inspect(&fetcher, Duration::from_secs(30), &nothing_cached) {
+        Err(CheckError::Failed { cache_key, why, .. }) => {
+            assert_eq!(cache_key, None);
+            assert!(why.contains("broke the exchange"), "{why}");
+            assert!(why.contains("amd-gpud then ended it"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "waited for its deadline"
+    );
+}
+
+/// A pod spec at the bound amd-gpud takes (`run::MAX_RUN_BYTES`), in the
+/// characters JSON escapes the longest.
+fn largest_run() -> RunSpec {
+    let word = "\u{1}".repeat(1024);
+    RunSpec {
+        command: vec![word; crate::loader_check::run::MAX_RUN_BYTES / 1024 - 1],
+        ..RunSpec::default()
+    }
+    .bounded()
+    .unwrap()
+}
+
+#[test]
+fn the_largest_pod_spec_reaches_the_fetcher_whole() {
+    // The fetcher reads its job and says the image is not there.
+    let not_present = line(&Step::Verdict {
+        verdict: Verdict::Failed {
+            kind: FailKind::NotPresent,
+            why: "told by the script".into(),
+            lasting: false,
+        },
+    });
+    let fetcher = scripted(&script(&[(1, &not_present)]));
+    let outcome = fetcher.inspect(
+        "docker.io/library/x:1",
+        &largest_run(),
+        Instant::now() + Duration::from_secs(10),
+        &nothing_cached,
+    );
+    assert!(
+        matches!(outcome, Err(CheckError::NotPresent(_))),
+        "{outcome:?}"
+    );
+    // And the fetcher's own reader takes that job.
+    let job = FetchJob {
+        image: "docker.io/library/x:1".into(),
+        run: largest_run(),
+        budget_ms: 1,
+        containerd_socket: "/nonexistent".into(),
+        containerd_namespace: "k8s.io".into(),
+        call_timeout_ms: 1,
+        inspector_uid: 1,
+        inspector_gid: 1,
+        inspector_memory: 1,
+        inspector_grace_ms: 1,
+    };
+    let mut text = Vec::new();
+    wire::write_line(&mut text, &job, wire::MAX_JOB).unwrap();
+    assert!(text.len() > 6 * 30 * 1024, "{} bytes", text.len());
+    let read: FetchJob = wire::read_line(&mut text.as_slice(), wire::MAX_JOB).unwrap();
+    assert_eq!(read, job);
+}
+
+#[test]
+fn the_fetcher_answers_no_runtime_for_a_socket_nobody_listens_on() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let job = FetchJob {
+        image: "docker.io/library/x:1".into(),
+        run: RunSpec::default(),
+        budget_ms: 5_000,
+        containerd_socket: dir.path().join("containerd.sock"),
+        containerd_namespace: "k8s.io".into(),
+        call_timeout_ms: 2_000,
+        inspector_uid: 60702,
+        inspector_gid: 60702,
+        inspector_memory: 1 << 20,
+        inspector_grace_ms: 0,
+    };
+    let mut input = Vec::new();
+    wire::write_line(&mut input, &job, wire::MAX_JOB).unwrap();
+    let mut output = Vec::new();
+    super::process::fetch(runtime.handle(), &mut input.as_slice(), &mut output).unwrap();
+    let step: Step = wire::read_line(&mut output.as_slice(), super::MAX_STEP_LINE).unwrap();
+    match step {
+        Step::Verdict {
+            verdict:
+                Verdict::Failed {
+                    kind: FailKind::NoRuntime,
+                    why,
+                    ..
+                },
+        } => assert!(why.contains("containerd.sock"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // A job line over the bound is refused before any of it is used.
+    let long = vec![b'x'; wire::MAX_JOB + 1];
+    let err = super::process::fetch(runtime.handle(), &mut long.as_slice(), &mut Vec::new());
+    assert!(err.unwrap_err().to_string().contains("longer than"));
 }

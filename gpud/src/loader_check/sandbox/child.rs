@@ -1,5 +1,5 @@
 //! The child's side: the whole analysis ([`analyze::inspect_target`]) over
-//! an [`ImageSource`] that asks amd-gpud for each blob over the pipes.
+//! an [`ImageSource`] that asks the fetcher for each blob over the pipes.
 
 use std::{
     io::{self, Read, Write},
@@ -12,7 +12,8 @@ use crate::loader_check::{
     analyze::{self, InspectError, Limits, Platform},
 };
 
-/// The blobs amd-gpud hands out, asked for over `output`, read from `input`.
+/// The blobs the fetcher hands out, asked for over `output`, read from
+/// `input`.
 pub(crate) struct PipeSource<R, W> {
     input: R,
     output: W,
@@ -24,7 +25,7 @@ pub(crate) struct PipeSource<R, W> {
 fn transport(why: impl std::fmt::Display) -> SourceError {
     SourceError::Rpc {
         call: "containerd",
-        why: format!("the pipe to amd-gpud: {why}"),
+        why: format!("the pipe to the fetcher: {why}"),
     }
 }
 
@@ -155,7 +156,7 @@ pub(crate) fn verdict(result: Result<crate::loader_check::Finding, InspectError>
     }
 }
 
-/// Reads the job from `input`, inspects it asking amd-gpud for each blob,
+/// Reads the job from `input`, inspects it asking the fetcher for each blob,
 /// and writes the verdict to `output`.
 ///
 /// # Errors

@@ -1,9 +1,10 @@
 //! What the inspector child does to itself before it reads a byte of the
-//! image: no new privileges, not dumpable (no ptrace by its own UID), the
-//! first victim of an out-of-memory kill, resource limits, and (where the
-//! kernel has Landlock) no file system access at all.
+//! image: no new privileges, death with its parent, not dumpable (no ptrace
+//! by its own UID), the first victim of an out-of-memory kill, resource
+//! limits, and (where the kernel has Landlock) no file system access at
+//! all.
 //!
-//! The UID and GID (and no supplementary groups) are set by amd-gpud when it
+//! The UID and GID (and no supplementary groups) are set by the fetcher when it
 //! spawns the child (`std::process::Command::uid`); the rest is done here,
 //! in code of the child that runs before the job is read, so that no
 //! `unsafe` `pre_exec` hook is needed.
@@ -52,7 +53,7 @@ fn limit(resource: Resource, what: &'static str, value: u64) -> Result<(), Confi
 }
 
 /// Confines the calling process (the child, before it reads its job).
-/// `allow_root`: amd-gpud did not run as root, so could not change the
+/// `allow_root`: the fetcher did not run as root, so could not change the
 /// child's UID (a developer's run); as root it must have.
 ///
 /// # Errors
@@ -63,6 +64,7 @@ pub(crate) fn confine(limits: ChildLimits, allow_root: bool) -> Result<(), Confi
     }
     let sys = |what| move |source| ConfineError::Sys { what, source };
     rustix::thread::set_no_new_privs(true).map_err(sys("no_new_privs"))?;
+    die_with_parent().map_err(sys("PR_SET_PDEATHSIG"))?;
     // Raising one's own score needs no privilege; the file is our own
     // while we are dumpable (after, /proc makes it root's).
     std::fs::write("/proc/self/oom_score_adj", "1000").map_err(|e| ConfineError::Sys {
@@ -84,18 +86,34 @@ pub(crate) fn confine(limits: ChildLimits, allow_root: bool) -> Result<(), Confi
     limit(Resource::Fsize, "RLIMIT_FSIZE", 0)?;
     if let Err(err) = landlock_nothing() {
         // The UID, the limits and the pipes still hold; said on stderr,
-        // which amd-gpud logs.
-        eprintln!("amd-gpud loader-inspect: no Landlock: {err}");
+        // which the fetcher passes on to amd-gpud's log.
+        eprintln!("amd-gpud-loader-check loader-inspect: no Landlock: {err}");
     }
     limit(Resource::Nofile, "RLIMIT_NOFILE", OPEN_FILES)?;
     Ok(())
+}
+
+/// Has the kernel kill this process when its parent dies (the fetcher, or
+/// amd-gpud for the fetcher), so that a killed parent leaves no child
+/// running on; a parent already gone by then is `ESRCH`.
+///
+/// # Errors
+/// The `prctl` failed, or the parent died before it took effect.
+pub(crate) fn die_with_parent() -> Result<(), rustix::io::Errno> {
+    let parent = rustix::process::getppid();
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+    if rustix::process::getppid() == parent {
+        Ok(())
+    } else {
+        Err(rustix::io::Errno::SRCH)
+    }
 }
 
 /// The exit status of a child that ran out of wall-clock time.
 pub(crate) const OUT_OF_TIME: i32 = 124;
 
 /// Ends the process with [`OUT_OF_TIME`] after `wall`, whatever its main
-/// thread is doing. amd-gpud kills a late child itself, but without
+/// thread is doing. The fetcher kills a late child itself, but without
 /// `CAP_KILL` (its unit grants none) it may not signal another UID: this
 /// thread is what ends the child then. Started before [`confine`], which
 /// forbids new threads.
@@ -106,7 +124,7 @@ pub(crate) const OUT_OF_TIME: i32 = 124;
 pub(crate) fn end_after(wall: Duration) {
     std::thread::spawn(move || {
         std::thread::sleep(wall);
-        eprintln!("amd-gpud loader-inspect: out of wall-clock time ({wall:?})");
+        eprintln!("amd-gpud-loader-check loader-inspect: out of wall-clock time ({wall:?})");
         std::process::exit(OUT_OF_TIME);
     });
 }

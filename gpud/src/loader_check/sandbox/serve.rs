@@ -1,5 +1,8 @@
-//! amd-gpud's side: spawns the child, answers its questions from the image
-//! source, kills it at the deadline, and reads back its verdict.
+//! The parent's side (the loader check's fetcher, `super::super::fetch`):
+//! spawns the inspector child, answers its questions from the image source,
+//! kills it at the deadline, and reads back its verdict. The process
+//! helpers below ([`watchdog`], [`finish`], [`keep_stderr`]) also serve
+//! amd-gpud's side of the fetcher.
 
 use std::{
     io::{self, BufReader, Read, Write},
@@ -14,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     INSPECT_SUBCOMMAND, Sandbox,
@@ -22,14 +25,16 @@ use super::{
 };
 use crate::loader_check::{Descriptor, ImageSource, run::RunSpec};
 
+/// What the child is called in logs.
+const INSPECTOR: &str = "the image inspector";
 /// Bytes of the child's stderr kept (the rest is drained).
 const STDERR_KEPT: u64 = 4 << 10;
 /// Bytes of it quoted in a failure.
 const STDERR_QUOTED: usize = 400;
-/// The most bytes of one blob amd-gpud reads whole for the child: the
+/// The most bytes of one blob the fetcher reads whole for the child: the
 /// analysis's bound of a manifest, index or config (`Limits::max_json`).
 pub(crate) const MAX_WHOLE_BLOB: u64 = 4 << 20;
-/// Seconds after the deadline amd-gpud still answers the child.
+/// Seconds after the deadline the fetcher still answers the child.
 const SERVE_GRACE_SECS: u64 = 2;
 /// How long a child that gave its verdict has to exit.
 const EXIT_GRACE: Duration = Duration::from_secs(2);
@@ -79,7 +84,8 @@ pub(crate) fn inspect_in_child(
     let pid = child.id();
     let stderr = keep_stderr(child.stderr.take());
     let killed = Arc::new(AtomicBool::new(false));
-    let (cancel, watchdog) = watchdog(pid, budget + sandbox.grace, Arc::clone(&killed));
+    let after = budget + sandbox.grace;
+    let (cancel, watchdog) = watchdog((pid, INSPECTOR), after, Arc::clone(&killed));
     let served = match (child.stdin.take(), child.stdout.take()) {
         (Some(mut input), Some(output)) => {
             let job = Job {
@@ -101,7 +107,8 @@ pub(crate) fn inspect_in_child(
     let (status, _) = finish(&mut child, served.is_ok());
     let stderr = stderr.recv_timeout(EXIT_GRACE).unwrap_or_default();
     if !stderr.is_empty() {
-        debug!(pid, stderr = %stderr, "the image inspector's stderr");
+        // In the fetcher, whose stderr amd-gpud logs (e.g. "no Landlock").
+        info!(pid, stderr = %stderr.trim(), "the image inspector's stderr");
     }
     match served {
         Ok(verdict) => Ok(verdict),
@@ -183,22 +190,18 @@ fn spawn(sandbox: &Sandbox, budget: Duration) -> Result<Child, ChildFailure> {
     cmd.spawn().map_err(|e| fail(&name, e.to_string()))
 }
 
-/// Kills `pid` (SIGKILL) unless cancelled within `after`; sets `killed`
-/// when it did. The child is reaped only after this returns, so the pid is
-/// still its own.
+/// Kills `pid` (SIGKILL), the child `what` names ("the image inspector"),
+/// unless cancelled within `after`; sets `killed` when it did. The child is
+/// reaped only after this returns, so the pid is still its own.
 pub(crate) fn watchdog(
-    pid: u32,
+    (pid, what): (u32, &'static str),
     after: Duration,
     killed: Arc<AtomicBool>,
 ) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
     let (cancel, cancelled) = mpsc::channel::<()>();
     let handle = thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = cancelled.recv_timeout(after) {
-            warn!(
-                pid,
-                ?after,
-                "the image inspector missed its deadline; killing it"
-            );
+            warn!(pid, ?after, "{what} missed its deadline; killing it");
             killed.store(true, Ordering::SeqCst);
             kill(pid);
         }
@@ -260,7 +263,7 @@ pub(crate) enum Broke {
 fn read(from: &mut dyn io::BufRead) -> Result<Request, Broke> {
     wire::read_request(from).map_err(|e| match e {
         LineError::Closed | LineError::Io(_) => Broke::Ended(e.to_string()),
-        LineError::TooLong | LineError::Garbage { .. } => Broke::Violated(e.to_string()),
+        LineError::TooLong { .. } | LineError::Garbage { .. } => Broke::Violated(e.to_string()),
     })
 }
 
@@ -278,7 +281,7 @@ pub(crate) fn serve(
     to_child: &mut dyn Write,
     from_child: &mut dyn io::BufRead,
 ) -> Result<Verdict, Broke> {
-    // Past this, nothing more is served (a child amd-gpud may not kill
+    // Past this, nothing more is served (a child the fetcher may not kill
     // gets end of file instead).
     let until = Instant::now()
         + Duration::from_millis(job.budget_ms)
@@ -303,7 +306,7 @@ pub(crate) fn serve(
             Request::Verdict(verdict) => return Ok(verdict),
             Request::Blob { desc, max } => {
                 let desc: Descriptor = desc.into();
-                // The child's bound is its word: amd-gpud reads no more
+                // The child's bound is its word: the fetcher reads no more
                 // into its own memory than a manifest or config may be.
                 let max = max.min(MAX_WHOLE_BLOB);
                 sent(match source.read_blob(&desc, max) {

@@ -1,10 +1,11 @@
-//! What the inspector child and amd-gpud say to each other over the child's
-//! stdin and stdout.
+//! What the inspector child and the loader check's fetcher (its parent,
+//! `super::super::fetch`) say to each other over the child's stdin and
+//! stdout, and the JSON lines the fetcher and amd-gpud exchange.
 //!
 //! The child asks, one JSON line at a time (at most [`MAX_LINE`] bytes, so
-//! that amd-gpud never reads more of it than that): a whole blob, a blob to
-//! stream, the next chunk of that stream, and last its [`Verdict`].
-//! amd-gpud answers each question with one frame: a tag byte, a 4-byte
+//! that the fetcher never reads more of it than that): a whole blob, a blob
+//! to stream, the next chunk of that stream, and last its [`Verdict`].
+//! The fetcher answers each question with one frame: a tag byte, a 4-byte
 //! little-endian length and that many bytes (the blob, a chunk of at most
 //! [`CHUNK`] bytes, or a [`WireSourceError`] as JSON). The first frame,
 //! before any question, is the [`Job`].
@@ -15,12 +16,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::loader_check::{Descriptor, Loader, SourceError, run::RunSpec};
 
-/// The longest line amd-gpud reads from the child.
+/// The longest line the fetcher reads from the child.
 pub(crate) const MAX_LINE: usize = 8 << 10;
 /// The most bytes one streamed chunk carries.
 pub(crate) const CHUNK: usize = 256 << 10;
-/// The most bytes of a job or error frame the child reads.
-const MAX_SMALL_FRAME: u32 = 64 << 10;
+/// The most bytes of a job (the fetcher's line from amd-gpud, the child's
+/// frame from the fetcher): a pod's spec of `run::MAX_RUN_BYTES` (32 KiB)
+/// of control characters is six times that as JSON (`\u0001`), plus the
+/// rest of the job.
+pub(crate) const MAX_JOB: usize = 256 << 10;
+/// The most bytes of a job or error frame the child reads: [`MAX_JOB`].
+const MAX_SMALL_FRAME: u32 = 256 << 10;
 /// The most bytes of evidence or reason the child sends (amd-gpud caps it
 /// again at `checker::cache::MAX_EVIDENCE`).
 pub(crate) const MAX_TEXT: usize = 2 << 10;
@@ -63,7 +69,8 @@ impl From<WireDescriptor> for Descriptor {
 pub(crate) struct Job {
     pub target: WireDescriptor,
     /// How the pod starts the container (bounded by amd-gpud to
-    /// `run::MAX_RUN_BYTES`, within this frame's [`MAX_SMALL_FRAME`]).
+    /// `run::MAX_RUN_BYTES`, within this frame's [`MAX_SMALL_FRAME`] however
+    /// it is escaped).
     #[serde(default)]
     pub run: RunSpec,
     /// Milliseconds left until the inspection's deadline.
@@ -221,7 +228,7 @@ pub(crate) fn read_frame(input: &mut dyn Read, max_data: u64) -> io::Result<Fram
 
 /// Writes one request line.
 pub(crate) fn write_request(out: &mut dyn Write, request: &Request) -> io::Result<()> {
-    write_line(out, request)
+    write_line(out, request, MAX_LINE)
 }
 
 /// Why a line of the child could not be taken.
@@ -231,31 +238,32 @@ pub(crate) enum LineError {
     Closed,
     #[error("its output could not be read: {0}")]
     Io(#[from] io::Error),
-    #[error("it sent a line longer than {MAX_LINE} bytes")]
-    TooLong,
+    #[error("it sent a line longer than {max} bytes")]
+    TooLong { max: usize },
     #[error("it sent a line that is no request: {excerpt:?} ({why})")]
     Garbage { excerpt: String, why: String },
 }
 
 /// Reads one request line of at most [`MAX_LINE`] bytes.
 pub(crate) fn read_request(input: &mut dyn BufRead) -> Result<Request, LineError> {
-    read_line(input)
+    read_line(input, MAX_LINE)
 }
 
-/// Reads one JSON line of at most [`MAX_LINE`] bytes (the newline
-/// included) as a `T`.
+/// Reads one JSON line of at most `max` bytes (the newline included) as a
+/// `T`.
 pub(crate) fn read_line<T: serde::de::DeserializeOwned>(
     input: &mut dyn BufRead,
+    max: usize,
 ) -> Result<T, LineError> {
     let mut line = Vec::new();
-    let limit = u64::try_from(MAX_LINE).unwrap_or(u64::MAX);
+    let limit = u64::try_from(max).unwrap_or(u64::MAX);
     let n = input.take(limit).read_until(b'\n', &mut line)?;
     if n == 0 {
         return Err(LineError::Closed);
     }
     if line.last() != Some(&b'\n') {
-        return Err(if n >= MAX_LINE {
-            LineError::TooLong
+        return Err(if n >= max {
+            LineError::TooLong { max }
         } else {
             LineError::Closed
         });
@@ -266,12 +274,16 @@ pub(crate) fn read_line<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Writes `value` as one JSON line, refused at [`MAX_LINE`] bytes or more.
-pub(crate) fn write_line<T: Serialize>(out: &mut dyn Write, value: &T) -> io::Result<()> {
+/// Writes `value` as one JSON line, refused at `max` bytes or more.
+pub(crate) fn write_line<T: Serialize>(
+    out: &mut dyn Write,
+    value: &T,
+    max: usize,
+) -> io::Result<()> {
     let mut line = serde_json::to_vec(value).map_err(io::Error::other)?;
-    if line.len() >= MAX_LINE {
+    if line.len() >= max {
         return Err(io::Error::other(format!(
-            "a line of {} bytes, above {MAX_LINE}",
+            "a line of {} bytes, above {max}",
             line.len()
         )));
     }
@@ -290,4 +302,13 @@ pub(crate) fn cut(mut text: String) -> String {
         text.truncate(end);
     }
     text
+}
+
+#[cfg(test)]
+mod bounds {
+    /// The job's two bounds are one.
+    #[test]
+    fn the_job_frame_holds_what_the_job_line_may() {
+        assert_eq!(super::MAX_SMALL_FRAME as usize, super::MAX_JOB);
+    }
 }
