@@ -70,6 +70,15 @@ fn build(symbols: &str) -> Result<PathBuf, String> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), PathBuf::from)
         .join("fake-amdsmi");
+    // Test binaries run at once (tests/run), each building the sets it
+    // needs: one at a time, so that another's build of a different set
+    // does not replace `debug/libamd_smi.so` between this build and its
+    // copy below.
+    std::fs::create_dir_all(&target).map_err(|e| format!("creating {}: {e}", target.display()))?;
+    let lock_path = target.join("build.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .and_then(|file| file.lock().map(|()| file))
+        .map_err(|e| format!("locking {}: {e}", lock_path.display()))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(&cargo);
     command
@@ -89,9 +98,14 @@ fn build(symbols: &str) -> Result<PathBuf, String> {
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    // Each feature set is uplifted to the same file name: keep a copy per set.
+    // Each feature set is uplifted to the same file name: keep a copy per
+    // set, put in place by a rename, since another test's probe may have
+    // the last copy mapped (written over in place, it died of SIGSEGV).
     let built = target.join("debug").join("libamd_smi.so");
     let kept = target.join(format!("libamd_smi-{symbols}.so"));
-    std::fs::copy(&built, &kept).map_err(|e| format!("copying {}: {e}", built.display()))?;
+    let fresh = target.join(format!("libamd_smi-{symbols}.so.{}", std::process::id()));
+    std::fs::copy(&built, &fresh).map_err(|e| format!("copying {}: {e}", built.display()))?;
+    std::fs::rename(&fresh, &kept).map_err(|e| format!("renaming {}: {e}", fresh.display()))?;
+    drop(lock);
     Ok(kept)
 }
