@@ -25,7 +25,7 @@ pub(crate) mod wire;
 use std::{ffi::OsString, time::Duration};
 
 pub(crate) use serve::{
-    ChildFailure, finish, inspect_in_child, keep_stderr, signal_name, watchdog,
+    ChildFailure, EXIT_GRACE, finish, inspect_in_child, keep_stderr, signal_name, watchdog,
 };
 
 /// The hidden subcommand that runs the child side.

@@ -25,6 +25,9 @@ use crate::loader_check::{
     },
 };
 
+/// How long a fetcher that broke off the exchange has to exit by itself.
+const BROKEN_GRACE: Duration = Duration::from_millis(250);
+
 /// What the fetcher is called in logs and answers.
 const FETCHER: &str = "the image fetcher";
 
@@ -209,7 +212,14 @@ fn run_fetcher(
     let _joined = watchdog.join();
     // This blocking thread outlives the fetcher (reaped here), so the
     // fetcher's parent-death signal, tied to it, never fires early.
-    let (status, ended_here) = sandbox::finish(&mut child, exchanged.is_ok());
+    // After its answer, or after it broke off (it may be exiting: its
+    // status then says how), it has a moment to exit by itself.
+    let grace = if exchanged.is_ok() {
+        sandbox::EXIT_GRACE
+    } else {
+        BROKEN_GRACE
+    };
+    let (status, ended_here) = sandbox::finish(&mut child, grace);
     let stderr = stderr
         .recv_timeout(Duration::from_secs(2))
         .unwrap_or_default();

@@ -37,7 +37,7 @@ pub(crate) const MAX_WHOLE_BLOB: u64 = 4 << 20;
 /// Seconds after the deadline the fetcher still answers the child.
 const SERVE_GRACE_SECS: u64 = 2;
 /// How long a child that gave its verdict has to exit.
-const EXIT_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// Why the child gave no verdict.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,7 +104,14 @@ pub(crate) fn inspect_in_child(
         // It closed its end: give it the time to be reaped as it ended.
         thread::sleep(Duration::from_millis(20));
     }
-    let (status, _) = finish(&mut child, served.is_ok());
+    // After a verdict it has [`EXIT_GRACE`] to exit; without one it is
+    // killed at once.
+    let grace = if served.is_ok() {
+        EXIT_GRACE
+    } else {
+        Duration::ZERO
+    };
+    let (status, _) = finish(&mut child, grace);
     let stderr = stderr.recv_timeout(EXIT_GRACE).unwrap_or_default();
     if !stderr.is_empty() {
         // In the fetcher, whose stderr amd-gpud logs (e.g. "no Landlock").
@@ -218,11 +225,10 @@ fn kill(pid: u32) {
     }
 }
 
-/// Waits for the child (killing it if it does not exit within
-/// [`EXIT_GRACE`] after a verdict, or at once without one) and reaps it.
-/// Returns its status, and whether it was killed here.
-pub(crate) fn finish(child: &mut Child, verdict: bool) -> (Option<ExitStatus>, bool) {
-    let until = Instant::now() + if verdict { EXIT_GRACE } else { Duration::ZERO };
+/// Waits for the child (killing it if it does not exit within `grace`)
+/// and reaps it. Returns its status, and whether it was killed here.
+pub(crate) fn finish(child: &mut Child, grace: Duration) -> (Option<ExitStatus>, bool) {
+    let until = Instant::now() + grace;
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return (Some(status), false),
