@@ -56,6 +56,34 @@ fn found_line() -> String {
     })
 }
 
+/// The fetcher's line of a failed verdict (lasting: the checker ignores it
+/// before a target).
+fn failed_line(kind: FailKind, why: &str) -> String {
+    line(&Step::Verdict {
+        verdict: Verdict::Failed {
+            kind,
+            why: why.into(),
+            lasting: true,
+        },
+    })
+}
+
+/// A job for `image` started as `run`, reading containerd at `socket`.
+fn job_for(run: RunSpec, socket: std::path::PathBuf) -> FetchJob {
+    FetchJob {
+        image: "docker.io/library/x:1".into(),
+        run,
+        budget_ms: 5_000,
+        containerd_socket: socket,
+        containerd_namespace: "k8s.io".into(),
+        call_timeout_ms: 2_000,
+        inspector_uid: 60702,
+        inspector_gid: 60702,
+        inspector_memory: 1 << 20,
+        inspector_grace_ms: 0,
+    }
+}
+
 /// Runs one inspection of `docker.io/library/x:1` within `budget`.
 fn inspect(
     fetcher: &ForkedInspect,
@@ -150,13 +178,7 @@ fn a_known_digest_is_answered_from_the_cache_and_the_fetcher_told_to_end() {
 
 #[test]
 fn a_content_failure_before_the_target_is_not_cached() {
-    let verdict = line(&Step::Verdict {
-        verdict: Verdict::Failed {
-            kind: FailKind::Content,
-            why: "containerd Images.Get failed".into(),
-            lasting: true,
-        },
-    });
+    let verdict = failed_line(FailKind::Content, "containerd Images.Get failed");
     let fetcher = scripted(&script(&[(1, &verdict)]));
     match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
         Err(CheckError::Failed { cache_key, why, .. }) => {
@@ -170,13 +192,7 @@ fn a_content_failure_before_the_target_is_not_cached() {
 #[test]
 fn an_image_not_looked_up_is_not_present_or_no_runtime_and_never_cached() {
     for (kind, expect_not_present) in [(FailKind::NotPresent, true), (FailKind::NoRuntime, false)] {
-        let verdict = line(&Step::Verdict {
-            verdict: Verdict::Failed {
-                kind,
-                why: "told by the script".into(),
-                lasting: true,
-            },
-        });
+        let verdict = failed_line(kind, "told by the script");
         let fetcher = scripted(&script(&[(1, &verdict)]));
         match inspect(&fetcher, Duration::from_secs(10), &nothing_cached) {
             Err(CheckError::NotPresent(why)) if expect_not_present => {
@@ -305,13 +321,7 @@ fn largest_run() -> RunSpec {
 #[test]
 fn the_largest_pod_spec_reaches_the_fetcher_whole() {
     // The fetcher reads its job and says the image is not there.
-    let not_present = line(&Step::Verdict {
-        verdict: Verdict::Failed {
-            kind: FailKind::NotPresent,
-            why: "told by the script".into(),
-            lasting: false,
-        },
-    });
+    let not_present = failed_line(FailKind::NotPresent, "told by the script");
     let fetcher = scripted(&script(&[(1, &not_present)]));
     let outcome = fetcher.inspect(
         "docker.io/library/x:1",
@@ -324,18 +334,7 @@ fn the_largest_pod_spec_reaches_the_fetcher_whole() {
         "{outcome:?}"
     );
     // And the fetcher's own reader takes that job.
-    let job = FetchJob {
-        image: "docker.io/library/x:1".into(),
-        run: largest_run(),
-        budget_ms: 1,
-        containerd_socket: "/nonexistent".into(),
-        containerd_namespace: "k8s.io".into(),
-        call_timeout_ms: 1,
-        inspector_uid: 1,
-        inspector_gid: 1,
-        inspector_memory: 1,
-        inspector_grace_ms: 1,
-    };
+    let job = job_for(largest_run(), "/nonexistent/containerd.sock".into());
     let mut text = Vec::new();
     wire::write_line(&mut text, &job, wire::MAX_JOB).unwrap();
     assert!(text.len() > 6 * 30 * 1024, "{} bytes", text.len());
@@ -351,18 +350,7 @@ fn the_fetcher_answers_no_runtime_for_a_socket_nobody_listens_on() {
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let job = FetchJob {
-        image: "docker.io/library/x:1".into(),
-        run: RunSpec::default(),
-        budget_ms: 5_000,
-        containerd_socket: dir.path().join("containerd.sock"),
-        containerd_namespace: "k8s.io".into(),
-        call_timeout_ms: 2_000,
-        inspector_uid: 60702,
-        inspector_gid: 60702,
-        inspector_memory: 1 << 20,
-        inspector_grace_ms: 0,
-    };
+    let job = job_for(RunSpec::default(), dir.path().join("containerd.sock"));
     let mut input = Vec::new();
     wire::write_line(&mut input, &job, wire::MAX_JOB).unwrap();
     let mut output = Vec::new();
